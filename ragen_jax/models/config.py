@@ -1,0 +1,132 @@
+"""Decoder-only transformer configuration, read from and written to HF `config.json`."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+# HF `model_type` / `architectures` we read and write.
+_FAMILIES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+}
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Hyper-parameters of one Llama/Qwen2-family model (hashable: a static jit arg).
+
+  `rope_scaling` is None or a sorted tuple of (key, value) pairs from HF's dict
+  (`rope_type` "llama3" or "linear").
+  """
+
+  vocab_size: int
+  hidden_size: int
+  intermediate_size: int
+  num_layers: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  model_type: str = "llama"
+  rope_theta: float = 10000.0
+  rope_scaling: tuple[tuple[str, Any], ...] | None = None
+  rms_norm_eps: float = 1e-5
+  tie_word_embeddings: bool = False
+  attention_bias: bool = False
+  max_position_embeddings: int = 2048
+  bos_token_id: int | None = None
+  eos_token_ids: tuple[int, ...] = ()
+  pad_token_id: int | None = None
+  dtype: str = "float32"
+  param_dtype: str = "float32"
+
+  def __post_init__(self):
+    if self.model_type not in _FAMILIES:
+      raise ValueError(f"model_type {self.model_type!r} is not supported; use one of {sorted(_FAMILIES)}")
+    if self.num_heads % self.num_kv_heads:
+      raise ValueError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
+    for name in ("dtype", "param_dtype"):
+      if getattr(self, name) not in _DTYPES:
+        raise ValueError(f"{name}={getattr(self, name)!r}; use one of {sorted(_DTYPES)}")
+    if self.rope_scaling is not None:
+      rope_type = dict(self.rope_scaling).get("rope_type", dict(self.rope_scaling).get("type"))
+      if rope_type not in ("llama3", "linear", "default"):
+        raise ValueError(f"rope_scaling type {rope_type!r} is not supported (llama3, linear, default)")
+
+  @property
+  def compute_dtype(self):
+    return _DTYPES[self.dtype]
+
+  @property
+  def weight_dtype(self):
+    return _DTYPES[self.param_dtype]
+
+  @classmethod
+  def from_hf(cls, hf: dict[str, Any], **overrides) -> ModelConfig:
+    """Builds a config from a parsed HF `config.json` dict."""
+    model_type = hf.get("model_type", "llama")
+    if model_type not in _FAMILIES:
+      raise ValueError(f"config.json model_type {model_type!r} is not supported; use one of {sorted(_FAMILIES)}")
+    if hf.get("use_sliding_window"):
+      raise ValueError("config.json use_sliding_window=True is not supported")
+    num_heads = hf["num_attention_heads"]
+    eos = hf.get("eos_token_id")
+    eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,))
+    # transformers >= 5 writes `rope_parameters`; older checkpoints `rope_theta` + `rope_scaling`.
+    rope = {**(hf.get("rope_scaling") or {}), **(hf.get("rope_parameters") or {})}
+    rope_theta = float(rope.pop("rope_theta", hf.get("rope_theta", 10000.0)))
+    scaling = None if rope.get("rope_type", rope.get("type", "default")) == "default" else rope
+    kwargs = dict(
+        model_type=model_type,
+        vocab_size=hf["vocab_size"],
+        hidden_size=hf["hidden_size"],
+        intermediate_size=hf["intermediate_size"],
+        num_layers=hf["num_hidden_layers"],
+        num_heads=num_heads,
+        num_kv_heads=hf.get("num_key_value_heads") or num_heads,
+        head_dim=hf.get("head_dim") or hf["hidden_size"] // num_heads,
+        rope_theta=rope_theta,
+        rope_scaling=None if scaling is None else tuple(sorted(scaling.items())),
+        rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        attention_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
+        max_position_embeddings=hf.get("max_position_embeddings", 2048),
+        bos_token_id=hf.get("bos_token_id"),
+        eos_token_ids=eos_ids,
+        pad_token_id=hf.get("pad_token_id"),
+    )
+    kwargs.update(overrides)
+    return cls(**kwargs)
+
+  def to_hf(self) -> dict[str, Any]:
+    """The HF `config.json` dict that transformers loads as this model."""
+    hf = {
+        "architectures": [_FAMILIES[self.model_type]],
+        "model_type": self.model_type,
+        "vocab_size": self.vocab_size,
+        "hidden_size": self.hidden_size,
+        "intermediate_size": self.intermediate_size,
+        "num_hidden_layers": self.num_layers,
+        "num_attention_heads": self.num_heads,
+        "num_key_value_heads": self.num_kv_heads,
+        "head_dim": self.head_dim,
+        "hidden_act": "silu",
+        "rope_theta": self.rope_theta,
+        "rope_scaling": dict(self.rope_scaling) if self.rope_scaling else None,
+        "rms_norm_eps": self.rms_norm_eps,
+        "tie_word_embeddings": self.tie_word_embeddings,
+        "max_position_embeddings": self.max_position_embeddings,
+        "bos_token_id": self.bos_token_id,
+        "eos_token_id": list(self.eos_token_ids) if len(self.eos_token_ids) != 1 else self.eos_token_ids[0],
+        "pad_token_id": self.pad_token_id,
+        "torch_dtype": self.param_dtype,
+    }
+    if self.model_type == "llama":
+      hf["attention_bias"] = self.attention_bias
+      hf["mlp_bias"] = False
+    else:
+      hf["use_sliding_window"] = False
+    return hf

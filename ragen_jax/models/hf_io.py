@@ -1,0 +1,158 @@
+"""Hugging Face checkpoint import/export (config.json + safetensors, single or sharded).
+
+Import reads each tensor lazily (memory-mapped slices) straight into its target
+sharding: a device only ever receives the slice it holds. Our parameters stack
+layers on a leading axis and store Dense kernels as [in, out]; HF stores
+per-layer tensors as [out, in].
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import jax
+import numpy as np
+from flax import traverse_util
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from ragen_jax.models.config import ModelConfig
+
+_LAYER_TENSORS = {  # our name under "layers" -> (HF suffix, is a Dense kernel)
+    ("q_proj", "kernel"): ("self_attn.q_proj.weight", True),
+    ("k_proj", "kernel"): ("self_attn.k_proj.weight", True),
+    ("v_proj", "kernel"): ("self_attn.v_proj.weight", True),
+    ("o_proj", "kernel"): ("self_attn.o_proj.weight", True),
+    ("q_proj", "bias"): ("self_attn.q_proj.bias", False),
+    ("k_proj", "bias"): ("self_attn.k_proj.bias", False),
+    ("v_proj", "bias"): ("self_attn.v_proj.bias", False),
+    ("gate_proj", "kernel"): ("mlp.gate_proj.weight", True),
+    ("up_proj", "kernel"): ("mlp.up_proj.weight", True),
+    ("down_proj", "kernel"): ("mlp.down_proj.weight", True),
+    ("input_layernorm", "scale"): ("input_layernorm.weight", False),
+    ("post_attention_layernorm", "scale"): ("post_attention_layernorm.weight", False),
+}
+_GLOBAL_TENSORS = {
+    ("embed_tokens", "embedding"): ("model.embed_tokens.weight", False),
+    ("norm", "scale"): ("model.norm.weight", False),
+    ("lm_head", "kernel"): ("lm_head.weight", True),
+}
+
+
+class CheckpointError(ValueError):
+  """A checkpoint directory is missing a tensor, has a wrong shape, or is malformed."""
+
+
+def read_hf_config(path: str | os.PathLike) -> dict:
+  config_file = Path(path) / "config.json"
+  if not config_file.is_file():
+    raise CheckpointError(f"{config_file} not found: not a Hugging Face model directory")
+  return json.loads(config_file.read_text())
+
+
+def tensor_files(path: str | os.PathLike) -> dict[str, Path]:
+  """Maps every tensor name to the safetensors file that holds it."""
+  path = Path(path)
+  index = path / "model.safetensors.index.json"
+  if index.is_file():
+    weight_map = json.loads(index.read_text())["weight_map"]
+    return {name: path / file for name, file in weight_map.items()}
+  files = sorted(path.glob("*.safetensors"))
+  if not files:
+    raise CheckpointError(f"no *.safetensors files in {path}")
+  names = {}
+  for file in files:
+    with safe_open(file, framework="numpy") as f:
+      names.update({name: file for name in f.keys()})
+  return names
+
+
+def _hf_tensor_plan(config: ModelConfig, param_path: tuple[str, ...]) -> tuple[list[str] | str, bool]:
+  """(HF name, or one name per layer for stacked params; transposed?) for one param path."""
+  if param_path[0] == "layers":
+    suffix, transpose = _LAYER_TENSORS[param_path[1:]]
+    return [f"model.layers.{i}.{suffix}" for i in range(config.num_layers)], transpose
+  return _GLOBAL_TENSORS[param_path]
+
+
+class _LazyTensors:
+  """Open safetensors files; reads named slices on demand."""
+
+  def __init__(self, files: dict[str, Path], stack: contextlib.ExitStack):
+    self._files = files
+    self._handles = {f: stack.enter_context(safe_open(f, framework="numpy")) for f in set(files.values())}
+
+  def slice(self, name: str):
+    if name not in self._files:
+      raise CheckpointError(f"tensor {name!r} is missing from the checkpoint")
+    return self._handles[self._files[name]].get_slice(name)
+
+
+def _reader(lazy: _LazyTensors, names, transpose: bool, shape, dtype) -> Callable:
+  """make_array_from_callback reader for one of our params."""
+  stacked = isinstance(names, list)
+  per_layer_shape = tuple(shape[1:]) if stacked else tuple(shape)
+  hf_shape = per_layer_shape[::-1] if transpose else per_layer_shape
+  for name in names if stacked else [names]:
+    got = tuple(lazy.slice(name).get_shape())
+    if got != hf_shape:
+      raise CheckpointError(f"tensor {name!r} has shape {got}, expected {hf_shape}")
+
+  def read_one(name, index):
+    hf_index = index[::-1] if transpose else index
+    block = lazy.slice(name)[tuple(hf_index)]
+    return (block.T if transpose else block).astype(dtype)
+
+  def read(index):
+    if not stacked:
+      return read_one(names, index)
+    layers = range(*index[0].indices(len(names)))
+    return np.stack([read_one(names[i], index[1:]) for i in layers])
+
+  return read
+
+
+def load_params(path, config: ModelConfig, shardings) -> dict:
+  """Reads HF safetensors into our (unboxed) param tree, each leaf placed with `shardings`.
+
+  `shardings` is a pytree of NamedSharding with our param structure; its leaves'
+  shapes come from `abstract_params`.
+  """
+  from ragen_jax.models.model import abstract_params  # local: avoids an import cycle
+
+  abstract = traverse_util.flatten_dict(abstract_params(config))
+  flat_shardings = traverse_util.flatten_dict(shardings)
+  params = {}
+  with contextlib.ExitStack() as stack:
+    lazy = _LazyTensors(tensor_files(path), stack)
+    for param_path, leaf in abstract.items():
+      names, transpose = _hf_tensor_plan(config, param_path)
+      read = _reader(lazy, names, transpose, leaf.shape, np.dtype(leaf.dtype))
+      params[param_path] = jax.make_array_from_callback(leaf.shape, flat_shardings[param_path], read)
+  return traverse_util.unflatten_dict(params)
+
+
+def export_hf(params, config: ModelConfig, out_dir: str | os.PathLike, tokenizer=None) -> Path:
+  """Writes `params` as a transformers-loadable directory (config.json + model.safetensors)."""
+  out_dir = Path(out_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  tensors = {}
+  for param_path, value in traverse_util.flatten_dict(params).items():
+    if param_path[0] == "value_head":
+      continue
+    names, transpose = _hf_tensor_plan(config, param_path)
+    value = np.asarray(jax.device_get(value))
+    if isinstance(names, list):
+      for i, name in enumerate(names):
+        tensors[name] = np.ascontiguousarray(value[i].T if transpose else value[i])
+    else:
+      tensors[names] = np.ascontiguousarray(value.T if transpose else value)
+  save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+  (out_dir / "config.json").write_text(json.dumps(config.to_hf(), indent=2))
+  if tokenizer is not None:
+    tokenizer.save_pretrained(out_dir)
+  return out_dir

@@ -1,0 +1,239 @@
+"""Llama / Qwen2 decoder in Flax Linen, applied through pure functions over params.
+
+One block definition is scanned over layers (`nn.scan`), so parameters are
+stacked with a leading `layers` axis. The KV cache is an explicit argument and
+result; it never lives in a mutable collection. Positions default to
+"number of valid tokens before this one", so left padding, padded chunks and
+cache continuation all give the positions a packed sequence would have.
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from ragen_jax.models.config import ModelConfig
+from ragen_jax.models.partitioning import constrain
+
+_MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+
+
+@flax.struct.dataclass
+class KVCache:
+  """Preallocated key/value cache for all layers.
+
+  k, v: float[L, B, S, K, H] (layers, batch, slots, kv heads, head dim).
+  valid: bool[B, S], slots that hold a real token.
+  end: int32[], the next slot to write (shared by all rows; padded rows leave holes).
+  """
+
+  k: jax.Array
+  v: jax.Array
+  valid: jax.Array
+  end: jax.Array
+
+  @classmethod
+  def zeros(cls, config: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCache:
+    shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
+    dtype = dtype or config.compute_dtype
+    return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
+               valid=jnp.zeros((batch, max_len), bool), end=jnp.zeros((), jnp.int32))
+
+  @property
+  def max_len(self) -> int:
+    return self.k.shape[2]
+
+  @property
+  def lengths(self) -> jax.Array:
+    """int32[B]: number of real tokens per row."""
+    return self.valid.sum(-1).astype(jnp.int32)
+
+
+def rope_inv_freq(config: ModelConfig) -> jax.Array:
+  """Inverse rotary frequencies float32[H/2], with Llama-3 / linear scaling."""
+  dim = config.head_dim
+  inv_freq = 1.0 / (config.rope_theta ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
+  if config.rope_scaling is None:
+    return inv_freq
+  scaling = dict(config.rope_scaling)
+  rope_type = scaling.get("rope_type", scaling.get("type"))
+  if rope_type == "linear":
+    return inv_freq / scaling["factor"]
+  if rope_type == "llama3":
+    factor = scaling["factor"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_len = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = jnp.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+    return jnp.where(medium, smoothed, scaled)
+  return inv_freq
+
+
+def apply_rope(x_BTNH: jax.Array, positions_BT: jax.Array, inv_freq: jax.Array) -> jax.Array:
+  """Rotary embedding in HF's rotate-half layout, computed in float32."""
+  angles = positions_BT[..., None].astype(jnp.float32) * inv_freq  # [B, T, H/2]
+  cos = jnp.cos(jnp.concatenate([angles, angles], -1))[:, :, None, :]
+  sin = jnp.sin(jnp.concatenate([angles, angles], -1))[:, :, None, :]
+  x = x_BTNH.astype(jnp.float32)
+  half = x.shape[-1] // 2
+  rotated = jnp.concatenate([-x[..., half:], x[..., :half]], -1)
+  return (x * cos + rotated * sin).astype(x_BTNH.dtype)
+
+
+class RMSNorm(nn.Module):
+  eps: float
+  param_dtype: jnp.dtype
+
+  @nn.compact
+  def __call__(self, x):
+    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("norm",)),
+                       (x.shape[-1],), self.param_dtype)
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + self.eps)
+    return scale.astype(x.dtype) * x32.astype(x.dtype)
+
+
+def _dense(features, axes, config: ModelConfig, name, use_bias=False):
+  return nn.Dense(
+      features, use_bias=use_bias, dtype=config.compute_dtype, param_dtype=config.weight_dtype,
+      kernel_init=nn.with_logical_partitioning(nn.initializers.normal(0.02), axes),
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, axes[1:]), name=name)
+
+
+def attention(q_BTNH, k_BSKH, v_BSKH, mask_BTS):
+  """Grouped-query softmax attention (float32 softmax)."""
+  b, t, n, h = q_BTNH.shape
+  kv = k_BSKH.shape[2]
+  q = q_BTNH.reshape(b, t, kv, n // kv, h)
+  scores = jnp.einsum("btkgh,bskh->bkgts", q, k_BSKH, preferred_element_type=jnp.float32)
+  scores = scores / math.sqrt(h)
+  scores = jnp.where(mask_BTS[:, None, None], scores, _MASK_VALUE)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v_BSKH.dtype)
+  out = jnp.einsum("bkgts,bskh->btkgh", probs, v_BSKH)
+  return out.reshape(b, t, n, h)
+
+
+class Block(nn.Module):
+  """Pre-norm attention + SwiGLU block; scanned over layers."""
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, carry, layer, positions_BT, mask_BTS, write_index):
+    """carry = (x_BTD, (k_LBSKH, v_LBSKH) or None); the whole cache rides in the carry so
+    each layer's new keys are written in place at [layer, :, write_index]."""
+    x_BTD, cache_kv = carry
+    cfg = self.config
+    n, kv, h = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    b, t, _ = x_BTD.shape
+    inv_freq = rope_inv_freq(cfg)
+
+    y = RMSNorm(cfg.rms_norm_eps, cfg.weight_dtype, name="input_layernorm")(x_BTD)
+    q = _dense(n * h, ("embed", "heads"), cfg, "q_proj", cfg.attention_bias)(y).reshape(b, t, n, h)
+    k = _dense(kv * h, ("embed", "kv_heads"), cfg, "k_proj", cfg.attention_bias)(y).reshape(b, t, kv, h)
+    v = _dense(kv * h, ("embed", "kv_heads"), cfg, "v_proj", cfg.attention_bias)(y).reshape(b, t, kv, h)
+    q = apply_rope(q, positions_BT, inv_freq)
+    k = apply_rope(k, positions_BT, inv_freq)
+    q = constrain(q, ("batch", "length", "act_heads", "head_dim"))
+
+    if cache_kv is None:
+      keys, values = k, v
+    else:
+      cache_k, cache_v = cache_kv
+      start = (layer, 0, write_index, 0, 0)
+      cache_k = jax.lax.dynamic_update_slice(cache_k, k[None].astype(cache_k.dtype), start)
+      cache_v = jax.lax.dynamic_update_slice(cache_v, v[None].astype(cache_v.dtype), start)
+      keys, values, cache_kv = cache_k[layer], cache_v[layer], (cache_k, cache_v)
+    out = attention(q, keys.astype(q.dtype), values.astype(q.dtype), mask_BTS)
+    out = _dense(cfg.hidden_size, ("heads", "embed"), cfg, "o_proj")(out.reshape(b, t, n * h))
+    x_BTD = constrain(x_BTD + out, ("batch", "length", "act_embed"))
+
+    y = RMSNorm(cfg.rms_norm_eps, cfg.weight_dtype, name="post_attention_layernorm")(x_BTD)
+    gate = _dense(cfg.intermediate_size, ("embed", "mlp"), cfg, "gate_proj")(y)
+    up = _dense(cfg.intermediate_size, ("embed", "mlp"), cfg, "up_proj")(y)
+    hidden = constrain(nn.silu(gate) * up, ("batch", "length", "act_mlp"))
+    x_BTD = x_BTD + _dense(cfg.hidden_size, ("mlp", "embed"), cfg, "down_proj")(hidden)
+    return (constrain(x_BTD, ("batch", "length", "act_embed")), cache_kv), None
+
+
+class Transformer(nn.Module):
+  """Decoder-only LM. `__call__` returns final hidden states (and the updated cache).
+
+  Use `lm_logits` / `values` (via `apply(..., method=...)`) on the hidden states.
+  With `with_value_head`, a scalar head on the final hidden state serves as a PPO critic.
+  """
+
+  config: ModelConfig
+  with_value_head: bool = False
+
+  def setup(self):
+    cfg = self.config
+    self.embed_tokens = nn.Embed(
+        cfg.vocab_size, cfg.hidden_size, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype,
+        embedding_init=nn.with_logical_partitioning(nn.initializers.normal(0.02), ("vocab", "embed")))
+    self.layers = nn.scan(
+        Block, variable_axes={"params": 0}, split_rngs={"params": True},
+        in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.num_layers,
+        metadata_params={nn.PARTITION_NAME: "layers"})(cfg)
+    self.norm = RMSNorm(cfg.rms_norm_eps, cfg.weight_dtype)
+    if not cfg.tie_word_embeddings:
+      self.lm_head = _dense(cfg.vocab_size, ("embed", "vocab"), cfg, None)
+    if self.with_value_head:
+      self.value_head = nn.Dense(
+          1, dtype=jnp.float32, param_dtype=jnp.float32,
+          kernel_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed", "value")),
+          bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("value",)))
+
+  def __call__(self, tokens_BT, valid_BT=None, cache: KVCache | None = None, positions_BT=None):
+    """Runs the decoder on `tokens_BT`; with `cache`, appends them at `cache.end`.
+
+    valid_BT marks real tokens (default: all). Invalid ones are never attended to.
+    Returns (hidden_BTD, new_cache or None).
+    """
+    b, t = tokens_BT.shape
+    valid_BT = jnp.ones((b, t), bool) if valid_BT is None else valid_BT.astype(bool)
+    past = jnp.zeros((b,), jnp.int32) if cache is None else cache.lengths
+    if positions_BT is None:
+      positions_BT = past[:, None] + jnp.cumsum(valid_BT, -1, dtype=jnp.int32) - 1
+    x = self.embed_tokens(tokens_BT)
+    x = constrain(x, ("batch", "length", "act_embed"))
+
+    if cache is None:
+      slots = jnp.arange(t)
+      mask = valid_BT[:, None, :] & (slots[None, :, None] >= slots[None, None, :])
+      (x, _), _ = self.layers((x, None), self._layer_ids, positions_BT, mask, 0)
+      return self.norm(x), None
+
+    write = cache.end
+    key_valid = jax.lax.dynamic_update_slice(cache.valid, valid_BT, (0, write))
+    q_slots = write + jnp.arange(t)
+    mask = key_valid[:, None, :] & (q_slots[None, :, None] >= jnp.arange(cache.max_len)[None, None, :])
+    (x, (k, v)), _ = self.layers((x, (cache.k, cache.v)), self._layer_ids, positions_BT, mask, write)
+    return self.norm(x), KVCache(k=k, v=v, valid=key_valid, end=write + t)
+
+  @property
+  def _layer_ids(self):
+    return jnp.arange(self.config.num_layers, dtype=jnp.int32)
+
+  def lm_logits(self, hidden_BTD):
+    """float32 logits [B, T, V]."""
+    if self.config.tie_word_embeddings:
+      logits = self.embed_tokens.attend(hidden_BTD)
+    else:
+      logits = self.lm_head(hidden_BTD)
+    return constrain(logits.astype(jnp.float32), ("batch", "length", "act_vocab"))
+
+  def values(self, hidden_BTD):
+    """float32 critic values [B, T]."""
+    return self.value_head(hidden_BTD.astype(jnp.float32))[..., 0]
+
+  def logits_and_values(self, tokens_BT, valid_BT=None):
+    hidden, _ = self(tokens_BT, valid_BT)
+    return self.lm_logits(hidden), (self.values(hidden) if self.with_value_head else None)

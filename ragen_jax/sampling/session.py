@@ -1,0 +1,102 @@
+"""Host-side front end of the sampler: padding, cache sizing, overflow checks."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+
+from ragen_jax.models.model import Model, input_sharding
+from ragen_jax.sampling.rules import SamplingRule
+from ragen_jax.sampling.sampler import (PAD_ID, CacheOverflowError, Generation, SamplerState, decode, extend,
+                                        prefill, stop_sequence_array)
+
+
+def round_up(n: int, multiple: int) -> int:
+  return -(-n // multiple) * multiple
+
+
+def pad_batch(rows: Sequence[Sequence[int]], side: str = "left", multiple: int = 8):
+  """(tokens int32[B, T], valid bool[B, T]) with T rounded up to `multiple` (fewer recompiles)."""
+  width = round_up(max(1, max(len(r) for r in rows)), multiple)
+  tokens = np.full((len(rows), width), PAD_ID, np.int32)
+  valid = np.zeros((len(rows), width), bool)
+  for i, row in enumerate(rows):
+    sl = slice(width - len(row), width) if side == "left" else slice(0, len(row))
+    tokens[i, sl] = row
+    valid[i, sl] = True
+  return tokens, valid
+
+
+@dataclasses.dataclass
+class SamplingSession:
+  """A batch of conversations on one KV cache: start, generate, append, generate, ...
+
+  The host tracks how many cache slots are used, so an overflow fails clearly
+  before anything is compiled or run.
+  """
+
+  model: Model
+  state: SamplerState
+  max_len: int
+  used: int
+
+  @classmethod
+  def start(cls, model: Model, prompts: Sequence[Sequence[int]], max_len: int) -> SamplingSession:
+    tokens, valid = pad_batch(prompts)
+    if tokens.shape[1] > max_len:
+      raise CacheOverflowError(f"prompts need {tokens.shape[1]} cache slots, the cache has {max_len}")
+    with jax.set_mesh(model.mesh):
+      sharding = input_sharding(model.mesh, tokens.shape)
+      state = prefill(model.config, model.params, jax.device_put(tokens, sharding),
+                      jax.device_put(valid, sharding), max_len)
+    return cls(model=model, state=state, max_len=max_len, used=tokens.shape[1])
+
+  def _check_room(self, needed: int):
+    if self.used + needed > self.max_len:
+      raise CacheOverflowError(
+          f"the KV cache has {self.max_len - self.used} free slots of {self.max_len}, {needed} are needed; "
+          "start a larger session or truncate the history (context modes re-prefill)")
+
+  def append(self, chunks: Sequence[Sequence[int]]):
+    """Appends one chunk of tokens per row (right-padded) to the conversations."""
+    tokens, valid = pad_batch(chunks, side="right")
+    self._check_room(tokens.shape[1])
+    with jax.set_mesh(self.model.mesh):
+      sharding = input_sharding(self.model.mesh, tokens.shape)
+      self.state = extend(self.model.config, self.model.params, self.state,
+                          jax.device_put(tokens, sharding), jax.device_put(valid, sharding))
+    self.used += tokens.shape[1]
+
+  def generate(self, max_new_tokens: int, rule: SamplingRule = SamplingRule(temperature=0.0),
+               stop_sequences=(), key=None, row_max_new_tokens=None) -> Generation:
+    """Samples a reply for every row and keeps it in the cache."""
+    self._check_room(max_new_tokens)
+    key = jax.random.key(0) if key is None else key
+    stops = stop_sequence_array(stop_sequences)
+    row_limits = None if row_max_new_tokens is None else np.asarray(row_max_new_tokens, np.int32)
+    with jax.set_mesh(self.model.mesh):
+      self.state, generation = decode(self.model.config, self.model.params, self.state, key, rule=rule,
+                                      max_new_tokens=max_new_tokens, row_max_new_tokens_B=row_limits,
+                                      stop_sequences_ML=stops)
+    self.used += max_new_tokens
+    return generation
+
+
+def generate(model: Model, prompts: Sequence[Sequence[int]], max_new_tokens, temperature: float = 0.0,
+             top_p: float = 1.0, top_k: int = 0, stop_sequences=(), seed: int = 0) -> list[list[int]]:
+  """Generates a continuation of every prompt (token-id lists).
+
+  `max_new_tokens` is an int or one int per prompt. Returns token-id lists with
+  a matched stop sequence included and EOS excluded.
+  """
+  rows = np.broadcast_to(np.asarray(max_new_tokens, np.int32), (len(prompts),))
+  budget = int(rows.max())
+  prompt_slots = round_up(max(len(p) for p in prompts), 8)
+  session = SamplingSession.start(model, prompts, max_len=prompt_slots + budget)
+  rule = SamplingRule(temperature=temperature, top_k=top_k, top_p=top_p)
+  out = session.generate(budget, rule, stop_sequences, jax.random.key(seed), row_max_new_tokens=rows)
+  tokens, lengths, eos = (np.asarray(x) for x in (out.tokens_BN, out.lengths_B, out.ended_by_eos_B))
+  return [tokens[i, :lengths[i] - int(eos[i])].tolist() for i in range(len(prompts))]

@@ -1,0 +1,120 @@
+"""Logit parity with transformers' PyTorch models, sharding, import/export."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from ragen_jax import mesh as mesh_lib
+from ragen_jax.models import CheckpointError, ModelConfig, load_pretrained
+from tests.models.hf_fixtures import VARIANTS, make_hf_model, save_hf_model
+
+
+def _tokens(vocab, batch=3, length=17, seed=0):
+  return np.random.default_rng(seed).integers(0, vocab, (batch, length)).astype(np.int32)
+
+
+def _torch_logits(hf_model, tokens, attention_mask=None):
+  with torch.no_grad():
+    kwargs = {} if attention_mask is None else {"attention_mask": torch.tensor(attention_mask)}
+    return hf_model(torch.tensor(tokens, dtype=torch.long), **kwargs).logits.numpy()
+
+
+def _max_rel_err(ours, ref):
+  return float(np.max(np.abs(ours - ref)) / np.max(np.abs(ref)))
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_logits_match_transformers(variant, tmp_path):
+  hf_model = save_hf_model(variant, tmp_path)
+  model = load_pretrained(tmp_path)
+  tokens = _tokens(model.config.vocab_size)
+  assert _max_rel_err(np.asarray(model.logits(tokens)), _torch_logits(hf_model, tokens)) <= 1e-4
+
+
+def test_left_padding_matches_transformers(tmp_path):
+  hf_model = save_hf_model("qwen2_bias", tmp_path)
+  model = load_pretrained(tmp_path)
+  tokens = _tokens(model.config.vocab_size, batch=2, length=12)
+  valid = np.ones_like(tokens, bool)
+  valid[0, :5] = False  # row 0 is left-padded
+  ref = _torch_logits(hf_model, tokens[:1, 5:])
+  ours = np.asarray(model.logits(tokens, valid))
+  assert _max_rel_err(ours[0, 5:], ref[0]) <= 1e-4
+
+
+def test_sharded_logits_equal_single_device(tmp_path):
+  assert jax.device_count() == 8
+  save_hf_model("llama_untied", tmp_path)
+  single = load_pretrained(tmp_path)
+  sharded = load_pretrained(tmp_path, mesh=mesh_lib.make_mesh(data=1, fsdp=4, tensor=2))
+  kernel = sharded.params["layers"]["gate_proj"]["kernel"]
+  assert kernel.sharding.spec == jax.sharding.PartitionSpec(None, "fsdp", "tensor")
+  assert len(kernel.addressable_shards) == 8 and kernel.addressable_shards[0].data.shape == (2, 16, 48)
+  tokens = _tokens(single.config.vocab_size, batch=8)
+  np.testing.assert_allclose(np.asarray(sharded.logits(tokens)), np.asarray(single.logits(tokens)),
+                             atol=1e-5, rtol=1e-5)
+
+
+def test_export_round_trip_is_exact_and_loads_in_transformers(tmp_path):
+  hf_model = save_hf_model("qwen2_bias", tmp_path / "src")
+  model = load_pretrained(tmp_path / "src")
+  model.export(tmp_path / "out")
+  again = load_pretrained(tmp_path / "out")
+  for a, b in zip(jax.tree.leaves(model.params), jax.tree.leaves(again.params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+  tokens = _tokens(model.config.vocab_size)
+  np.testing.assert_allclose(_torch_logits(reloaded, tokens), _torch_logits(hf_model, tokens), atol=1e-6)
+
+
+def test_sharded_index_checkpoint(tmp_path):
+  hf_model = save_hf_model("llama_untied", tmp_path, save_kwargs={"max_shard_size": "100KB"})
+  assert (tmp_path / "model.safetensors.index.json").is_file()
+  assert len(list(tmp_path.glob("*.safetensors"))) > 1
+  model = load_pretrained(tmp_path)
+  tokens = _tokens(model.config.vocab_size)
+  assert _max_rel_err(np.asarray(model.logits(tokens)), _torch_logits(hf_model, tokens)) <= 1e-4
+
+
+def test_missing_tensor_is_named(tmp_path):
+  from safetensors.numpy import load_file, save_file
+  save_hf_model("llama_untied", tmp_path)
+  tensors = load_file(tmp_path / "model.safetensors")
+  del tensors["model.layers.1.mlp.up_proj.weight"]
+  save_file(tensors, tmp_path / "model.safetensors")
+  with pytest.raises(CheckpointError, match="model.layers.1.mlp.up_proj.weight"):
+    load_pretrained(tmp_path)
+
+
+def test_wrong_shape_is_named(tmp_path):
+  save_hf_model("llama_untied", tmp_path)
+  config = json.loads((tmp_path / "config.json").read_text())
+  config["intermediate_size"] = 100
+  (tmp_path / "config.json").write_text(json.dumps(config))
+  with pytest.raises(CheckpointError, match=r"'model.layers.0.mlp.down_proj.weight' has shape \(64, 96\), expected \(64, 100\)"):
+    load_pretrained(tmp_path)
+
+
+def test_not_a_model_directory(tmp_path):
+  with pytest.raises(CheckpointError, match="config.json"):
+    load_pretrained(tmp_path)
+
+
+def test_bfloat16_compute_is_close(tmp_path):
+  hf_model = save_hf_model("llama_untied", tmp_path)
+  model = load_pretrained(tmp_path, dtype="bfloat16")
+  assert model.params["layers"]["q_proj"]["kernel"].dtype == jax.numpy.bfloat16
+  tokens = _tokens(model.config.vocab_size)
+  assert _max_rel_err(np.asarray(model.logits(tokens)), _torch_logits(hf_model, tokens)) <= 5e-2
+
+
+def test_config_round_trip():
+  hf_model = make_hf_model("llama_tied_mha")
+  config = ModelConfig.from_hf(hf_model.config.to_dict())
+  assert ModelConfig.from_hf(config.to_hf()) == config
+  with pytest.raises(ValueError, match="model_type 'gpt2'"):
+    ModelConfig.from_hf({**config.to_hf(), "model_type": "gpt2"})
