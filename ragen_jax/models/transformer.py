@@ -26,7 +26,8 @@ _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 class KVCache:
   """Preallocated key/value cache for all layers.
 
-  k, v: float[L, B, S, K, H] (layers, batch, slots, kv heads, head dim).
+  k, v: float[L, B, K, S, H] (layers, batch, kv heads, slots, head dim): per (row, head)
+    the slots are contiguous, the layout the attention dots read without a transpose.
   valid: bool[B, S], slots that hold a real token.
   end: int32[], the next slot to write (shared by all rows; padded rows leave holes).
   """
@@ -38,14 +39,14 @@ class KVCache:
 
   @classmethod
   def zeros(cls, config: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCache:
-    shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
+    shape = (config.num_layers, batch, config.num_kv_heads, max_len, config.head_dim)
     dtype = dtype or config.compute_dtype
     return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
                valid=jnp.zeros((batch, max_len), bool), end=jnp.zeros((), jnp.int32))
 
   @property
   def max_len(self) -> int:
-    return self.k.shape[2]
+    return self.k.shape[3]
 
   @property
   def lengths(self) -> jax.Array:
@@ -107,16 +108,16 @@ def _dense(features, axes, config: ModelConfig, name, use_bias=False):
       bias_init=nn.with_logical_partitioning(nn.initializers.zeros, axes[1:]), name=name)
 
 
-def attention(q_BTNH, k_BSKH, v_BSKH, mask_BTS):
+def attention(q_BTNH, k_BKSH, v_BKSH, mask_BTS):
   """Grouped-query softmax attention (float32 softmax)."""
   b, t, n, h = q_BTNH.shape
-  kv = k_BSKH.shape[2]
+  kv = k_BKSH.shape[1]
   q = q_BTNH.reshape(b, t, kv, n // kv, h)
-  scores = jnp.einsum("btkgh,bskh->bkgts", q, k_BSKH, preferred_element_type=jnp.float32)
+  scores = jnp.einsum("btkgh,bksh->bkgts", q, k_BKSH, preferred_element_type=jnp.float32)
   scores = scores / math.sqrt(h)
   scores = jnp.where(mask_BTS[:, None, None], scores, _MASK_VALUE)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v_BSKH.dtype)
-  out = jnp.einsum("bkgts,bskh->btkgh", probs, v_BSKH)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v_BKSH.dtype)
+  out = jnp.einsum("bkgts,bksh->btkgh", probs, v_BKSH)
   return out.reshape(b, t, n, h)
 
 
@@ -127,7 +128,7 @@ class Block(nn.Module):
 
   @nn.compact
   def __call__(self, carry, layer, positions_BT, mask_BTS, write_index):
-    """carry = (x_BTD, (k_LBSKH, v_LBSKH) or None); the whole cache rides in the carry so
+    """carry = (x_BTD, (k_LBKSH, v_LBKSH) or None); the whole cache rides in the carry so
     each layer's new keys are written in place at [layer, :, write_index]."""
     x_BTD, cache_kv = carry
     cfg = self.config
@@ -143,11 +144,12 @@ class Block(nn.Module):
     k = apply_rope(k, positions_BT, inv_freq)
     q = constrain(q, ("batch", "length", "act_heads", "head_dim"))
 
+    k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, K, T, H]
     if cache_kv is None:
       keys, values = k, v
     else:
       cache_k, cache_v = cache_kv
-      start = (layer, 0, write_index, 0, 0)
+      start = (layer, 0, 0, write_index, 0)
       cache_k = jax.lax.dynamic_update_slice(cache_k, k[None].astype(cache_k.dtype), start)
       cache_v = jax.lax.dynamic_update_slice(cache_v, v[None].astype(cache_v.dtype), start)
       keys, values, cache_kv = cache_k[layer], cache_v[layer], (cache_k, cache_v)

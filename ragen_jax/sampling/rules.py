@@ -50,6 +50,16 @@ def sampling_logits(logits_BV: jax.Array, rule: SamplingRule) -> jax.Array:
   return logits
 
 
+def _inverse_cdf_draw(key, probs_BV: jax.Array) -> jax.Array:
+  """One exact categorical draw per row from a single uniform (Gumbel-max would need B×V)."""
+  cdf_BV = jnp.cumsum(probs_BV, axis=-1)
+  u_B1 = jax.random.uniform(key, (probs_BV.shape[0], 1)) * cdf_BV[:, -1:]
+  token = jnp.sum(cdf_BV <= u_B1, axis=-1)
+  # Never land on a zero-probability entry (possible only through float rounding at the tail).
+  last_kept = probs_BV.shape[1] - 1 - jnp.argmax((probs_BV > 0)[:, ::-1], axis=-1)
+  return jnp.minimum(token, last_kept).astype(jnp.int32)
+
+
 def sample(key, logits_BV: jax.Array, rule: SamplingRule):
   """Draws one token per row.
 
@@ -61,8 +71,8 @@ def sample(key, logits_BV: jax.Array, rule: SamplingRule):
     tokens = jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
     sampling_logp = jnp.zeros(tokens.shape, jnp.float32)
   else:
-    logits = sampling_logits(logits_BV, rule)
-    tokens = jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
-    sampling_logp = jnp.take_along_axis(jax.nn.log_softmax(logits, -1), tokens[:, None], -1)[:, 0]
+    sampling_logp_BV = jax.nn.log_softmax(sampling_logits(logits_BV, rule), axis=-1)
+    tokens = _inverse_cdf_draw(key, jnp.exp(sampling_logp_BV))
+    sampling_logp = jnp.take_along_axis(sampling_logp_BV, tokens[:, None], -1)[:, 0]
   model_logp = jnp.take_along_axis(model_logp_BV, tokens[:, None], -1)[:, 0]
   return tokens, sampling_logp, model_logp

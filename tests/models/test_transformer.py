@@ -118,3 +118,13 @@ def test_config_round_trip():
   assert ModelConfig.from_hf(config.to_hf()) == config
   with pytest.raises(ValueError, match="model_type 'gpt2'"):
     ModelConfig.from_hf({**config.to_hf(), "model_type": "gpt2"})
+
+
+def test_bundled_smollm2_predicts_paris_and_matches_transformers(smollm2_dir):
+  tokenizer = transformers.AutoTokenizer.from_pretrained(smollm2_dir)
+  hf_model = transformers.AutoModelForCausalLM.from_pretrained(smollm2_dir).eval()
+  model = load_pretrained(smollm2_dir)
+  tokens = np.asarray([tokenizer.encode("The capital of France is")], np.int32)
+  ours = np.asarray(model.logits(tokens))
+  assert tokenizer.decode([int(ours[0, -1].argmax())]) == " Paris"
+  assert _max_rel_err(ours, _torch_logits(hf_model, tokens)) <= 1e-4

@@ -1,0 +1,98 @@
+"""Decode throughput: our jitted sampler vs transformers' PyTorch `generate` on SmolLM2-135M.
+
+  .venv/bin/python bench/sampler.py [--batches 16,64] [--new-tokens 128]
+
+Both sides decode exactly `new-tokens` tokens per row (EOS disabled) from the same
+weights and chat prompts; also prints the jitted f32 matmul roofline of this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from bench.common import matmul_peak_flops, report, timed  # noqa: E402
+from ragen_jax.models import bundled_model_dir, load_pretrained  # noqa: E402
+from ragen_jax.sampling import SamplingRule, SamplingSession  # noqa: E402
+from ragen_jax.sampling.session import round_up  # noqa: E402
+
+
+def chat_prompts(tokenizer, batch: int) -> list[list[int]]:
+  questions = [f"Give me {i + 1} reasons to learn about {topic}." for i, topic in
+               zip(range(batch), ["rivers", "stars", "music", "code", "bread", "chess", "trees", "maths"] * batch)]
+  out = []
+  for q in questions:
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=True, add_generation_prompt=True)
+    out.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+  return out
+
+
+def ours_tokens_per_second(model, prompts, new_tokens: int) -> float:
+  max_len = round_up(max(map(len, prompts)), 8) + new_tokens
+
+  def run():
+    session = SamplingSession.start(model, prompts, max_len)
+    return session.generate(new_tokens, SamplingRule(temperature=1.0), key=jax.random.key(0)).tokens_BN
+
+  run()  # compile
+  seconds, tokens = timed(run, repeats=2)
+  assert np.asarray(tokens).shape == (len(prompts), new_tokens)
+  return len(prompts) * new_tokens / seconds
+
+
+def hf_tokens_per_second(hf_model, prompts, new_tokens: int, pad_id: int) -> float:
+  import torch
+  width = max(map(len, prompts))
+  ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+  mask = torch.zeros_like(ids)
+  for i, p in enumerate(prompts):
+    ids[i, width - len(p):] = torch.tensor(p)
+    mask[i, width - len(p):] = 1
+  kwargs = dict(attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=True,
+                top_k=0, top_p=1.0, temperature=1.0, pad_token_id=pad_id)
+  with torch.inference_mode():
+    hf_model.generate(ids[:, :], **{**kwargs, "max_new_tokens": 4, "min_new_tokens": 4})  # warm-up
+    seconds, _ = timed(lambda: hf_model.generate(ids, **kwargs))
+  return len(prompts) * new_tokens / seconds
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__)
+  parser.add_argument("--batches", default="16,64")
+  parser.add_argument("--new-tokens", type=int, default=128)
+  parser.add_argument("--skip-hf", action="store_true")
+  args = parser.parse_args()
+
+  import torch
+  import transformers
+  torch.set_num_threads(os.cpu_count())
+  path = bundled_model_dir()
+  tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+  model = load_pretrained(path)
+  model = dataclasses.replace(model, config=dataclasses.replace(model.config, eos_token_ids=()))
+  hf_model = None if args.skip_hf else transformers.AutoModelForCausalLM.from_pretrained(path).eval()
+  n_params = sum(x.size for x in jax.tree.leaves(model.params))
+  peak = matmul_peak_flops()
+  roofline = peak / (2 * n_params)
+  print(f"SmolLM2-135M ({n_params / 1e6:.1f}M params), {jax.device_count()} device(s), {os.cpu_count()} cores")
+  report("jitted f32 matmul peak", peak / 1e9, "GFLOP/s")
+  report("roofline decode (2 FLOPs/param/token)", roofline, "tok/s")
+  for batch in map(int, args.batches.split(",")):
+    prompts = chat_prompts(tokenizer, batch)
+    ours = ours_tokens_per_second(model, prompts, args.new_tokens)
+    if hf_model is not None:
+      hf = hf_tokens_per_second(hf_model, prompts, args.new_tokens, tokenizer.pad_token_id or 0)
+      report(f"transformers generate, batch {batch}", hf, "tok/s")
+      report(f"ragen_jax sampler, batch {batch}", ours, "tok/s", "transformers generate", hf)
+    report(f"ragen_jax sampler, batch {batch} vs roofline", ours, "tok/s", "roofline", roofline)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,34 @@
+"""Answer one chat prompt with a local checkpoint.
+
+  python -m ragen_jax.chat --config=configs/chat.py --config.prompt="Hi"
+"""
+
+from __future__ import annotations
+
+import transformers
+
+from ragen_jax import config as config_lib
+from ragen_jax import mesh as mesh_lib
+from ragen_jax.models import bundled_model_dir, load_pretrained
+from ragen_jax.sampling import generate
+
+
+def chat(config) -> str:
+  """Greedy (or sampled) reply to `config.prompt` through the model's chat template."""
+  path = config.model_path or bundled_model_dir()
+  tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+  model = load_pretrained(path, mesh=mesh_lib.mesh_from_config(config.mesh), dtype=config.dtype)
+  prompt = tokenizer.apply_chat_template([{"role": "user", "content": config.prompt}], tokenize=True,
+                                         add_generation_prompt=True)
+  prompt = prompt["input_ids"] if hasattr(prompt, "keys") else prompt
+  (reply,) = generate(model, [prompt], config.max_new_tokens, temperature=config.temperature, seed=config.seed)
+  return tokenizer.decode(reply, skip_special_tokens=True)
+
+
+def main(config):
+  print(f"user: {config.prompt}")
+  print(f"assistant: {chat(config)}")
+
+
+if __name__ == "__main__":
+  config_lib.run(main, default_config="configs/chat.py")

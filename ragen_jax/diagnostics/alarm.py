@@ -1,0 +1,68 @@
+"""Template-collapse alarm over logged scalars (host-side).
+
+Template collapse shows as input dependence (MI z-score) falling while the
+policy entropy holds steady. The alarm looks at the last `window` logged
+points of (mi_zscore, entropy) and fires when
+  - the MI z-score fell by at least `drop` relative to the window's first
+    value: (z_first − z_last) / z_first ≥ drop, with z_first > 0, and
+  - every entropy in the window stayed within `entropy_tolerance` (relative)
+    of the window's first entropy.
+A non-positive starting z-score or any non-finite value never fires.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+
+@dataclasses.dataclass(frozen=True)
+class AlarmConfig:
+  window: int = 4  # logged points compared (first vs last), ≥ 2
+  drop: float = 0.5  # relative fall of the MI z-score
+  entropy_tolerance: float = 0.1  # relative band the entropy must stay in
+
+  def __post_init__(self):
+    if self.window < 2:
+      raise ValueError(f"alarm window must cover at least 2 points, got {self.window}")
+    if self.drop <= 0 or self.entropy_tolerance < 0:
+      raise ValueError(f"need drop > 0 and entropy_tolerance >= 0, got {self.drop}, {self.entropy_tolerance}")
+
+
+@dataclasses.dataclass(frozen=True)
+class AlarmState:
+  """The most recent (mi_zscore, entropy) points, oldest first."""
+  history: tuple[tuple[float, float], ...] = ()
+
+  def to_dict(self) -> dict:
+    return {"history": [list(p) for p in self.history]}
+
+  @classmethod
+  def from_dict(cls, d: dict) -> "AlarmState":
+    return cls(history=tuple((float(z), float(h)) for z, h in d["history"]))
+
+
+@dataclasses.dataclass(frozen=True)
+class AlarmResult:
+  fired: bool
+  message: str  # empty unless fired
+
+
+def update_alarm(state: AlarmState, cfg: AlarmConfig, mi_zscore: float,
+                 entropy: float) -> tuple[AlarmState, AlarmResult]:
+  """Appends one point and evaluates the rule on the last `cfg.window` points."""
+  history = (state.history + ((float(mi_zscore), float(entropy)),))[-cfg.window:]
+  new_state = AlarmState(history=history)
+  if len(history) < cfg.window or not all(math.isfinite(v) for point in history for v in point):
+    return new_state, AlarmResult(False, "")
+  (z_first, h_first), (z_last, _) = history[0], history[-1]
+  if z_first <= 0:
+    return new_state, AlarmResult(False, "")
+  relative_drop = (z_first - z_last) / z_first
+  entropy_shift = max(abs(h - h_first) for _, h in history) / max(abs(h_first), 1e-12)
+  if relative_drop >= cfg.drop and entropy_shift <= cfg.entropy_tolerance:
+    return new_state, AlarmResult(True, (
+        f"template collapse suspected: MI z-score fell {relative_drop:.0%} ({z_first:.4g} -> {z_last:.4g}) "
+        f"over the last {cfg.window} points while entropy moved at most {entropy_shift:.1%} "
+        f"({h_first:.4g} -> {history[-1][1]:.4g}; tolerance {cfg.entropy_tolerance:.0%})"))
+  return new_state, AlarmResult(False, "")

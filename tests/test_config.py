@@ -1,0 +1,44 @@
+"""Config files, overrides, and early failures on misspelt keys and wrong types."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ragen_jax import config as config_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_check_override_keys_names_the_key_and_suggests():
+  config = config_lib.load_config_file(os.path.join(ROOT, "configs/chat.py"))
+  config_lib.check_override_keys(config, ["prompt", "mesh.tensor"])
+  with pytest.raises(config_lib.ConfigError, match=r"unknown config key 'mesh.tensr'; did you mean 'mesh.tensor'"):
+    config_lib.check_override_keys(config, ["mesh.tensr"])
+
+
+def _run_chat(*args):
+  env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
+  return subprocess.run([sys.executable, "-m", "ragen_jax.chat", "--config=configs/chat.py", *args], cwd=ROOT,
+                        env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_entry_point_rejects_misspelt_key_before_work():
+  result = _run_chat("--config.max_new_tokns=3")
+  assert result.returncode != 0
+  assert "unknown config key 'max_new_tokns'; did you mean 'max_new_tokens'" in result.stderr
+  assert "Traceback" not in result.stderr
+
+
+def test_entry_point_rejects_wrong_type():
+  result = _run_chat("--config.max_new_tokens=many")
+  assert result.returncode != 0
+  assert "--config.max_new_tokens=many" in result.stderr
+  assert "Traceback" not in result.stderr
+
+
+def test_override_applies(tmp_path):
+  result = _run_chat("--config.max_new_tokens=2", "--config.prompt=Say hi")
+  assert result.returncode == 0, result.stderr
+  assert "user: Say hi" in result.stdout
