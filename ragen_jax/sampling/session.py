@@ -71,16 +71,20 @@ class SamplingSession:
     self.used += tokens.shape[1]
 
   def generate(self, max_new_tokens: int, rule: SamplingRule = SamplingRule(temperature=0.0),
-               stop_sequences=(), key=None, row_max_new_tokens=None) -> Generation:
-    """Samples a reply for every row and keeps it in the cache."""
+               stop_sequences=(), key=None, row_max_new_tokens=None, active=None) -> Generation:
+    """Samples a reply for every (active) row and keeps it in the cache.
+
+    `stop_sequences` are token-id lists or an array from `stop_sequence_array`.
+    """
     self._check_room(max_new_tokens)
     key = jax.random.key(0) if key is None else key
-    stops = stop_sequence_array(stop_sequences)
+    stops = stop_sequences if hasattr(stop_sequences, "shape") else stop_sequence_array(stop_sequences)
     row_limits = None if row_max_new_tokens is None else np.asarray(row_max_new_tokens, np.int32)
+    active = None if active is None else np.asarray(active, bool)
     with jax.set_mesh(self.model.mesh):
       self.state, generation = decode(self.model.config, self.model.params, self.state, key, rule=rule,
                                       max_new_tokens=max_new_tokens, row_max_new_tokens_B=row_limits,
-                                      stop_sequences_ML=stops)
+                                      stop_sequences_ML=stops, active_B=active)
     self.used += max_new_tokens
     return generation
 

@@ -1,0 +1,1 @@
+"""Cluster launch scripts (stdlib only): `python -m launch.tpu_vm`, `python -m launch.gpu`."""

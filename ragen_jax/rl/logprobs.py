@@ -1,0 +1,33 @@
+"""Teacher-forced per-token log-probs, entropies and critic values of a packed batch."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ragen_jax.models.config import ModelConfig
+from ragen_jax.models.transformer import Transformer
+
+
+def _shift_right(x_BT, fill=0.0):
+  """Aligns position t-1's prediction with token t (position 0 gets `fill`)."""
+  return jnp.concatenate([jnp.full_like(x_BT[:, :1], fill), x_BT[:, :-1]], axis=1)
+
+
+def token_logp_and_entropy(config: ModelConfig, params, tokens_BT, valid_BT):
+  """(logp_BT, entropy_BT): log p(token t | tokens < t) and the entropy of that
+  distribution, at every t ≥ 1 (0 at t = 0), float32."""
+  module = Transformer(config)
+  hidden, _ = module.apply({"params": params}, tokens_BT, valid_BT)
+  logits = module.apply({"params": params}, hidden, method="lm_logits")
+  logp_BTV = jax.nn.log_softmax(logits, axis=-1)
+  next_logp = jnp.take_along_axis(logp_BTV[:, :-1], tokens_BT[:, 1:, None], axis=-1)[..., 0]
+  entropy = -jnp.sum(jnp.exp(logp_BTV) * logp_BTV, axis=-1)
+  return jnp.pad(next_logp, ((0, 0), (1, 0))), _shift_right(entropy)
+
+
+def token_values(config: ModelConfig, critic_params, tokens_BT, valid_BT):
+  """float32[B, T]: the critic's value of the prefix before token t (0 at t = 0)."""
+  module = Transformer(config, with_value_head=True)
+  hidden, _ = module.apply({"params": critic_params}, tokens_BT, valid_BT)
+  return _shift_right(module.apply({"params": critic_params}, hidden, method="values"))

@@ -1,0 +1,242 @@
+"""The jitted RL update of one iteration: score → filter → advantages → PPO epochs.
+
+`make_update_fn` returns a pure function `update(state, ref_params, batch) ->
+(state, metrics)`; the trainer jits it with explicit shardings and donates the
+state. Everything runs on static shapes: SNR-Aware Filtering produces a group
+mask, kept episodes are ordered first, and mini/micro-batches with nothing kept
+are skipped with `lax.cond` (so filtering saves compute without recompiling).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from ragen_jax.models.config import ModelConfig
+from ragen_jax.rl import advantages as adv_lib
+from ragen_jax.rl import snr_filter
+from ragen_jax.rl.logprobs import token_logp_and_entropy, token_values
+from ragen_jax.rl.losses import actor_loss, value_loss
+from ragen_jax.rl.masked import masked_mean
+from ragen_jax.rl.presets import AlgorithmConfig
+from ragen_jax.trajectories import Trajectories
+
+
+@dataclasses.dataclass(frozen=True)
+class FilterConfig:
+  """SNR-Aware Filtering settings (SPEC §6); see `snr_filter.select_groups`."""
+
+  enabled: bool = True
+  metric: str = "variance"  # paper; the reference code uses "std"
+  ddof: int = 1
+  strategy: str = "top_p"
+  value: float = 0.9
+  filter_type: str = "largest"
+  prob_mode: str = "linear"
+  include_zero: bool = True
+  selection_eps: float = 0.01
+  loss_scaling: str = "none"
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateConfig:
+  """Static settings of the update step."""
+
+  algorithm: AlgorithmConfig
+  filter: FilterConfig
+  num_groups: int
+  group_size: int
+  mini_batch_size: int = 32
+  micro_batch_size: int = 8
+  ppo_epochs: int = 1
+  value_clip: float = 0.5
+
+  def __post_init__(self):
+    batch = self.num_groups * self.group_size
+    if batch % self.mini_batch_size:
+      raise ValueError(f"mini_batch_size {self.mini_batch_size} must divide the batch of {batch} episodes")
+    if self.mini_batch_size % self.micro_batch_size:
+      raise ValueError(f"micro_batch_size {self.micro_batch_size} must divide mini_batch_size "
+                       f"{self.mini_batch_size}")
+
+  @property
+  def batch_size(self) -> int:
+    return self.num_groups * self.group_size
+
+
+@flax.struct.dataclass
+class TrainState:
+  """Everything the update changes (and checkpoints). critic / critic_opt are None without
+  a critic; `diagnostics` is the collapse diagnostics' state (e.g. z-score EMAs)."""
+
+  step: jax.Array
+  policy: dict
+  policy_opt: optax.OptState
+  critic: dict | None
+  critic_opt: optax.OptState | None
+  diagnostics: dict
+  key: jax.Array
+
+
+def init_train_state(policy, policy_tx, key, critic=None, critic_tx=None, diagnostics=None) -> TrainState:
+  return TrainState(step=jnp.zeros((), jnp.int32), policy=policy, policy_opt=policy_tx.init(policy), critic=critic,
+                    critic_opt=None if critic is None else critic_tx.init(critic), diagnostics=diagnostics or {},
+                    key=key)
+
+
+def _micro_map(fn, micro: int, *arrays):
+  """Applies fn to consecutive micro-batches of the leading axis and concatenates."""
+  batch = arrays[0].shape[0]
+  split = [a.reshape(batch // micro, micro, *a.shape[1:]) for a in arrays]
+  out = jax.lax.map(lambda xs: fn(*xs), tuple(split))
+  return jax.tree.map(lambda y: y.reshape(batch, *y.shape[2:]), out)
+
+
+def _loss_weight(mask_BT, agg: str):
+  """What a micro-batch's aggregated loss is normalised by (tokens or non-empty sequences)."""
+  if agg == "token-mean":
+    return jnp.sum(mask_BT)
+  return jnp.sum(jnp.any(mask_BT, axis=1))
+
+
+def make_update_fn(model_config: ModelConfig, cfg: UpdateConfig, policy_tx: optax.GradientTransformation,
+                   critic_tx: optax.GradientTransformation | None = None,
+                   diagnostics_fn: Callable | None = None):
+  """Builds `update(state, ref_params, batch) -> (state, metrics)`.
+
+  `diagnostics_fn(policy_params, diagnostics_state, batch, old_logp_BT, entropy_BT, key)
+  -> (diagnostics_state, metrics)` (optional) runs on the pre-update policy, before filtering.
+  """
+  algo, loss_cfg = cfg.algorithm, cfg.algorithm.loss
+  use_critic = algo.use_critic
+  if use_critic and critic_tx is None:
+    raise ValueError(f"advantage {algo.advantage!r} needs a critic optimizer")
+  micro = cfg.micro_batch_size
+
+  def score(state: TrainState, ref_params, batch: Trajectories):
+    old_logp, entropy = _micro_map(lambda t, v: token_logp_and_entropy(model_config, state.policy, t, v), micro,
+                                   batch.tokens, batch.valid)
+    ref_logp = (_micro_map(lambda t, v: token_logp_and_entropy(model_config, ref_params, t, v)[0], micro,
+                           batch.tokens, batch.valid) if loss_cfg.use_kl_loss else None)
+    values = (_micro_map(lambda t, v: token_values(model_config, state.critic, t, v), micro, batch.tokens,
+                         batch.valid) if use_critic else None)
+    return old_logp, entropy, ref_logp, values
+
+  def advantages(batch: Trajectories, values, train_mask):
+    if algo.advantage == "gae" and algo.bi_level_gae:
+      return adv_lib.bi_level_gae(batch.token_rewards, values, train_mask, batch.turn_end, gamma=algo.gamma,
+                                  lam=algo.lam, turn_gamma=algo.turn_gamma)
+    if algo.advantage == "gae":
+      return adv_lib.gae(batch.score_rewards, values, train_mask, gamma=algo.gamma, lam=algo.lam)
+    kept = jnp.any(train_mask, axis=1)
+    return adv_lib.grpo(batch.score, batch.group_ids, cfg.num_groups, train_mask,
+                        norm_by_std=algo.advantage == "grpo", valid_B=kept)
+
+  def micro_loss(params, critic, mb, scale, actor_norm, value_norm):
+    logp, entropy = token_logp_and_entropy(model_config, params, mb["tokens"], mb["valid"])
+    loss, aux = actor_loss(logp, mb["old_logp"], mb["adv"], mb["mask"], entropy, mb.get("ref_logp"), loss_cfg)
+    weight = _loss_weight(mb["mask"], loss_cfg.agg) / actor_norm
+    total = scale * weight * loss
+    metrics = {k: weight * v for k, v in aux.items()}
+    if use_critic:
+      values = token_values(model_config, critic, mb["tokens"], mb["valid"])
+      v_loss, v_aux = value_loss(values, mb["old_values"], mb["returns"], mb["mask"], clip=cfg.value_clip,
+                                 agg="token-mean")
+      v_weight = jnp.sum(mb["mask"]) / value_norm
+      total = total + v_weight * v_loss
+      metrics |= {"value_loss": v_weight * v_loss} | {k: v_weight * v for k, v in v_aux.items()}
+    return total, metrics
+
+  grad_fn = jax.grad(micro_loss, argnums=(0, 1), has_aux=True)
+
+  def minibatch_step(state: TrainState, mini, scale):
+    norms = (jnp.maximum(_loss_weight(mini["mask"], loss_cfg.agg), 1), jnp.maximum(jnp.sum(mini["mask"]), 1))
+    split = jax.tree.map(lambda x: x.reshape(-1, micro, *x.shape[1:]), mini)
+    zero_grads = (jax.tree.map(jnp.zeros_like, state.policy), jax.tree.map(jnp.zeros_like, state.critic))
+    _, zero_metrics = jax.eval_shape(lambda: micro_loss(state.policy, state.critic, jax.tree.map(lambda x: x[0], split),
+                                                        scale, *norms))
+    zero_metrics = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zero_metrics)
+
+    def accumulate(acc, mb):
+      grads, metrics = acc
+      new_grads, new_metrics = jax.lax.cond(
+          jnp.any(mb["mask"]), lambda: grad_fn(state.policy, state.critic, mb, scale, *norms),
+          lambda: (zero_grads, zero_metrics))
+      return (jax.tree.map(jnp.add, grads, new_grads), jax.tree.map(jnp.add, metrics, new_metrics)), None
+
+    (grads, metrics), _ = jax.lax.scan(accumulate, (zero_grads, zero_metrics), split)
+    policy_grads, critic_grads = grads
+    updates, policy_opt = policy_tx.update(policy_grads, state.policy_opt, state.policy)
+    new = state.replace(policy=optax.apply_updates(state.policy, updates), policy_opt=policy_opt)
+    metrics["grad_norm"] = optax.global_norm(policy_grads)
+    metrics["updated"] = jnp.ones((), jnp.float32)
+    if use_critic:
+      c_updates, critic_opt = critic_tx.update(critic_grads, state.critic_opt, state.critic)
+      new = new.replace(critic=optax.apply_updates(state.critic, c_updates), critic_opt=critic_opt)
+      metrics["critic_grad_norm"] = optax.global_norm(critic_grads)
+    return new, metrics
+
+  def update(state: TrainState, ref_params, batch: Trajectories):
+    old_logp, entropy, ref_logp, values = score(state, ref_params, batch)
+    metrics = {"policy_entropy": masked_mean(entropy, batch.loss_mask)}
+    if diagnostics_fn is not None:
+      key, diag_key = jax.random.split(state.key)
+      diag_state, diag_metrics = diagnostics_fn(state.policy, state.diagnostics, batch, old_logp, entropy, diag_key)
+      state = state.replace(diagnostics=diag_state, key=key)
+      metrics |= diag_metrics
+
+    scores_G = snr_filter.group_scores(batch.score, batch.group_ids, cfg.num_groups, metric=cfg.filter.metric,
+                                       ddof=cfg.filter.ddof)
+    if cfg.filter.enabled:
+      keep_G = snr_filter.select_groups(scores_G, strategy=cfg.filter.strategy, value=cfg.filter.value,
+                                        filter_type=cfg.filter.filter_type, prob_mode=cfg.filter.prob_mode,
+                                        include_zero=cfg.filter.include_zero, selection_eps=cfg.filter.selection_eps)
+    else:
+      keep_G = jnp.ones((cfg.num_groups,), bool)
+    metrics |= snr_filter.filter_metrics(batch.score, keep_G, scores_G, batch.group_ids, cfg.num_groups)
+    kept_B = snr_filter.episode_mask(keep_G, batch.group_ids)
+    train_mask = batch.loss_mask & kept_B[:, None]
+    adv, returns = advantages(batch, values, train_mask)
+    scale = snr_filter.loss_scale(keep_G, cfg.filter.loss_scaling)
+
+    per_episode = {"tokens": batch.tokens, "valid": batch.valid, "mask": train_mask, "old_logp": old_logp,
+                   "adv": adv}
+    if ref_logp is not None:
+      per_episode["ref_logp"] = ref_logp
+    if use_critic:
+      per_episode |= {"old_values": values, "returns": returns}
+
+    def epoch(state, _):
+      key, shuffle_key = jax.random.split(state.key)
+      order = jnp.argsort(jnp.where(kept_B, 0.0, 2.0) + jax.random.uniform(shuffle_key, kept_B.shape))
+      minis = jax.tree.map(lambda x: x[order].reshape(-1, cfg.mini_batch_size, *x.shape[1:]), per_episode)
+
+      def mini_step(state, mini):
+        empty = jax.eval_shape(lambda: minibatch_step(state, mini, scale))[1]
+        return jax.lax.cond(jnp.any(mini["mask"]), lambda: minibatch_step(state, mini, scale),
+                            lambda: (state, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), empty)))
+
+      state, mini_metrics = jax.lax.scan(mini_step, state.replace(key=key), minis)
+      return state, mini_metrics
+
+    def train(state):
+      new_state, epoch_metrics = jax.lax.scan(epoch, state, None, length=cfg.ppo_epochs)
+      updates = jnp.sum(epoch_metrics.pop("updated"))
+      averaged = jax.tree.map(lambda x: jnp.sum(x) / jnp.maximum(updates, 1.0), epoch_metrics)
+      return new_state, averaged | {"num_updates": updates}
+
+    empty_metrics = jax.eval_shape(train, state)[1]
+    state, train_metrics = jax.lax.cond(
+        jnp.any(keep_G), train,
+        lambda s: (s, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), empty_metrics)), state)
+    metrics |= train_metrics
+    metrics |= {"advantage_mean": masked_mean(adv, train_mask), "response_length": jnp.mean(
+        jnp.sum(batch.loss_mask, axis=1).astype(jnp.float32))}
+    return state.replace(step=state.step + 1), metrics
+
+  return update

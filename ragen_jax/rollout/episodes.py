@@ -1,0 +1,116 @@
+"""Pieces shared by the device and host rollout paths: settings, assets, acting on parsed answers."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from envs import text as env_text
+from ragen_jax.rollout import prompt
+from ragen_jax.sampling import SamplingRule
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+  """Static rollout settings (SPEC §2)."""
+
+  max_turns: int = 5
+  max_new_tokens: int = 400
+  max_actions_per_turn: int = 2
+  max_actions_per_traj: int = 10
+  format_penalty: float = -0.1
+  rule: SamplingRule = SamplingRule(temperature=1.0)
+
+  def __post_init__(self):
+    for name in ("max_turns", "max_new_tokens", "max_actions_per_turn", "max_actions_per_traj"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
+
+
+@flax.struct.dataclass
+class RolloutAssets:
+  """Device tables for one (tokenizer, environment) pair, built once on the host."""
+
+  turns: prompt.TurnTables
+  observation: env_text.TextTable
+  vocab: env_text.VocabTable
+  stop_sequences: jax.Array  # int32[M, L], see sampling.stop_sequence_array
+
+
+def build_assets(tokenizer, env, env_params, config: RolloutConfig, table_size: int | None = None) -> RolloutAssets:
+  """Tokenises prompts, observations and stop sequences for `env` (host, once)."""
+  from ragen_jax.sampling import stop_sequence_array
+  vocab = env_text.Vocab(tokenizer, table_size=table_size)
+  pieces = prompt.ChatPieces.from_tokenizer(tokenizer)
+  system = prompt.system_text(env.instruction_text(env_params, config.max_actions_per_traj))
+  turns = prompt.build_turn_tables(vocab, pieces, system, config.max_turns, config.max_actions_per_traj,
+                                   config.max_new_tokens)
+  stops = stop_sequence_array([vocab.encode(env_text.ANSWER_CLOSE)])
+  return RolloutAssets(turns=turns, observation=env.token_table(vocab, env_params), vocab=vocab.table,
+                       stop_sequences=jnp.asarray(stops))
+
+
+def reasoning_length(vocab: env_text.VocabTable, ids_N, length) -> jax.Array:
+  """Tokens of a reply strictly before the token where `</think>` starts (0 if absent)."""
+  chars, count = env_text._token_chars(vocab, ids_N, length)
+  at, found = env_text._find(chars, count, prompt.THINK_CLOSE, jnp.int32(0))
+  token_len = jnp.where(jnp.arange(ids_N.shape[0]) < length, vocab.len_V[jnp.clip(ids_N, 0, vocab.len_V.shape[0] - 1)], 0)
+  token_of_byte = jnp.sum(jnp.cumsum(token_len) <= at)
+  return jnp.where(found, token_of_byte, 0).astype(jnp.int32)
+
+
+@flax.struct.dataclass
+class TurnOutcome:
+  """Per-row results of acting on one turn's replies."""
+
+  env_state: object
+  reward: jax.Array          # float32[B] env rewards + format penalty
+  format_ok: jax.Array       # bool[B]
+  num_actions: jax.Array     # int32[B] executed this turn
+  done: jax.Array            # bool[B]
+  actions_left: jax.Array    # int32[B]
+
+
+def act(env, env_params, assets: RolloutAssets, config: RolloutConfig, key, env_state, replies_BN, lengths_B,
+        active_B, actions_left_B) -> TurnOutcome:
+  """Jittable: parses each active row's reply and steps its env with at most
+  `max_actions_per_turn` actions within the trajectory's action budget."""
+  names_AL, names_len_A = jax.vmap(lambda s: env.action_name_table(s, env_params))(env_state)
+  parsed = jax.vmap(lambda ids, n, names, names_len: env_text.parse_actions(
+      assets.vocab, ids, n, names, names_len, config.max_actions_per_turn, env.keep_unknown_actions))(
+          replies_BN, lengths_B, names_AL, names_len_A)
+  format_ok = parsed.valid & active_B
+  reward = jnp.where(active_B & ~parsed.valid, config.format_penalty, 0.0).astype(jnp.float32)
+  done = ~active_B
+  executed = jnp.zeros_like(actions_left_B)
+  step = jax.vmap(env.step, in_axes=(0, 0, 0, None))
+  for a in range(config.max_actions_per_turn):
+    apply = format_ok & (a < parsed.n_actions) & ~done & (actions_left_B - executed > 0)
+    keys = jax.random.split(jax.random.fold_in(key, a), active_B.shape[0])
+    _, stepped, r, step_done, _ = step(keys, env_state, parsed.actions_K[:, a], env_params)
+    env_state = jax.tree.map(lambda new, old: jnp.where(_expand(apply, new), new, old), stepped, env_state)
+    reward += jnp.where(apply, r, 0.0)
+    done |= apply & step_done
+    executed += apply
+  actions_left = actions_left_B - executed
+  return TurnOutcome(env_state=env_state, reward=reward, format_ok=format_ok, num_actions=executed,
+                     done=done | (actions_left <= 0),
+                     actions_left=actions_left)
+
+
+def _expand(mask_B, like):
+  return mask_B.reshape(mask_B.shape + (1,) * (like.ndim - 1))
+
+
+def train_seeds(iteration: int, num_groups: int, group_size: int, base: int = 10000) -> np.ndarray:
+  """Env seeds [G*S] of a training iteration: group g gets base + G*t + g (SPEC §2), shared in the group."""
+  return np.repeat(base + num_groups * iteration + np.arange(num_groups), group_size).astype(np.int32)
+
+
+def seed_keys(seeds_B) -> jax.Array:
+  """Jittable: env reset keys from integer seeds."""
+  return jax.vmap(jax.random.key)(seeds_B.astype(jnp.uint32))

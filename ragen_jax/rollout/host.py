@@ -1,0 +1,162 @@
+"""The host rollout path: a Python loop over turns that calls the jitted sampler.
+
+Each turn re-prefills the whole history from scratch (how RAGEN and most
+frameworks roll out, and the baseline the device path is measured against).
+It serves host-side text environments and, for the JAX environments, checks
+the device path: with greedy decoding both give the same trajectories.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ragen_jax.models.model import Model
+from ragen_jax.rollout import prompt
+from ragen_jax.rollout.episodes import RolloutAssets, RolloutConfig, act, reasoning_length, seed_keys
+from ragen_jax.sampling import SamplingSession
+from ragen_jax.trajectories import Trajectories
+
+
+@dataclasses.dataclass
+class EpisodeRecord:
+  """One episode's packed token stream, grown turn by turn on the host."""
+
+  tokens: list = dataclasses.field(default_factory=list)
+  generated: list = dataclasses.field(default_factory=list)
+  logp: list = dataclasses.field(default_factory=list)
+  turn_of_token: list = dataclasses.field(default_factory=list)
+  turn_end: list = dataclasses.field(default_factory=list)
+  token_rewards: list = dataclasses.field(default_factory=list)
+  response_start: list = dataclasses.field(default_factory=list)
+  response_len: list = dataclasses.field(default_factory=list)
+  reasoning_len: list = dataclasses.field(default_factory=list)
+  turn_rewards: list = dataclasses.field(default_factory=list)
+  format_ok: list = dataclasses.field(default_factory=list)
+  num_actions: int = 0
+
+  def add_prompt(self, ids, turn: int):
+    self.tokens += list(ids)
+    self.generated += [False] * len(ids)
+    self.logp += [0.0] * len(ids)
+    self.turn_of_token += [turn] * len(ids)
+    self.turn_end += [False] * len(ids)
+    self.token_rewards += [0.0] * len(ids)
+
+  def add_reply(self, ids, logp, turn: int, reward: float, format_ok: bool, reasoning: int, num_actions: int):
+    self.response_start.append(len(self.tokens) if len(ids) else -1)
+    self.response_len.append(len(ids))
+    self.reasoning_len.append(reasoning)
+    self.turn_rewards.append(reward)
+    self.format_ok.append(format_ok)
+    self.num_actions += num_actions
+    self.tokens += list(ids)
+    self.generated += [True] * len(ids)
+    self.logp += list(logp)
+    self.turn_of_token += [turn] * len(ids)
+    self.turn_end += [i == len(ids) - 1 for i in range(len(ids))]
+    self.token_rewards += [reward if i == len(ids) - 1 else 0.0 for i in range(len(ids))]
+
+
+def assemble(records: list[EpisodeRecord], success, group_ids, seq_len: int, max_turns: int) -> Trajectories:
+  """Packs host episode records into a Trajectories batch of sequence length `seq_len`."""
+  batch = len(records)
+  longest = max(len(r.tokens) for r in records)
+  if longest > seq_len:
+    raise ValueError(f"an episode has {longest} tokens, more than the sequence length {seq_len}")
+
+  def per_token(field, dtype, fill=0):
+    out = np.full((batch, seq_len), fill, dtype)
+    for i, r in enumerate(records):
+      out[i, :len(r.tokens)] = getattr(r, field)
+    return out
+
+  def per_turn(field, dtype, fill=0):
+    out = np.full((batch, max_turns), fill, dtype)
+    for i, r in enumerate(records):
+      values = getattr(r, field)
+      out[i, :len(values)] = values
+    return out
+
+  valid = np.zeros((batch, seq_len), bool)
+  for i, r in enumerate(records):
+    valid[i, :len(r.tokens)] = True
+  generated = per_token("generated", bool, False)
+  turn_rewards = per_turn("turn_rewards", np.float32)
+  score = turn_rewards.sum(1)
+  last = np.where(generated.any(1), seq_len - 1 - np.argmax(generated[:, ::-1], axis=1), -1)
+  score_rewards = np.where(np.arange(seq_len)[None] == last[:, None], score[:, None], 0.0).astype(np.float32)
+  return Trajectories(
+      tokens=per_token("tokens", np.int32), valid=valid, loss_mask=generated,
+      sample_logp=per_token("logp", np.float32), turn_of_token=per_token("turn_of_token", np.int32, -1),
+      turn_end=per_token("turn_end", bool, False), token_rewards=per_token("token_rewards", np.float32),
+      score_rewards=score_rewards, response_start=per_turn("response_start", np.int32, -1),
+      response_len=per_turn("response_len", np.int32), reasoning_len=per_turn("reasoning_len", np.int32),
+      turn_rewards=turn_rewards, format_ok=per_turn("format_ok", bool, False), score=score,
+      success=np.asarray(success, bool), num_turns=np.asarray([len(r.response_len) for r in records], np.int32),
+      num_actions=np.asarray([r.num_actions for r in records], np.int32), group_ids=np.asarray(group_ids, np.int32))
+
+
+@functools.partial(jax.jit, static_argnames=("env",))
+def _reset_and_render(env, env_params, assets: RolloutAssets, seeds_B):
+  _, state = jax.vmap(env.reset, in_axes=(0, None))(seed_keys(seeds_B), env_params)
+  return state, jax.vmap(lambda s: env.render_tokens(s, env_params, assets.observation))(state)
+
+
+@functools.partial(jax.jit, static_argnames=("env",))
+def _render(env, env_params, assets: RolloutAssets, state):
+  return jax.vmap(lambda s: env.render_tokens(s, env_params, assets.observation))(state)
+
+
+_act = jax.jit(act, static_argnames=("env", "config"))
+_first_chunks = jax.jit(jax.vmap(prompt.first_chunk, in_axes=(None, 0, 0, 0)))
+_turn_chunks = jax.jit(jax.vmap(prompt.turn_chunk, in_axes=(None, 0, 0, None, 0, 0, 0)))
+_reasoning_lengths = jax.jit(jax.vmap(reasoning_length, in_axes=(None, 0, 0)))
+
+
+def host_rollout(model: Model, env, env_params, assets: RolloutAssets, config: RolloutConfig, seeds_B, group_ids_B,
+                 key, seq_len: int) -> Trajectories:
+  """Plays the episodes turn by turn from the host, re-prefilling every history each turn."""
+  seeds_B = jnp.asarray(seeds_B, jnp.int32)
+  batch = seeds_B.shape[0]
+  env_state, (obs_ids, obs_len) = _reset_and_render(env, env_params, assets, seeds_B)
+  records = [EpisodeRecord() for _ in range(batch)]
+  done = np.zeros(batch, bool)
+  actions_left = np.full(batch, config.max_actions_per_traj, np.int32)
+  reward, ended_by_eos = np.zeros(batch, np.float32), np.zeros(batch, bool)
+  turn_keys = jax.random.split(key, config.max_turns)
+  for turn in range(config.max_turns):
+    if done.all():
+      break
+    if turn == 0:
+      chunks, chunk_valid = _first_chunks(assets.turns, obs_ids, obs_len, jnp.asarray(actions_left))
+    else:
+      obs_ids, obs_len = _render(env, env_params, assets, env_state)
+      chunks, chunk_valid = _turn_chunks(assets.turns, obs_ids, obs_len, turn, jnp.asarray(reward),
+                                         jnp.asarray(ended_by_eos), jnp.asarray(actions_left))
+    chunks, chunk_valid = np.asarray(chunks), np.asarray(chunk_valid)
+    for i in np.flatnonzero(~done):
+      records[i].add_prompt(chunks[i][chunk_valid[i]], turn)
+    histories = [r.tokens for r in records]
+    max_len = max(map(len, histories)) + config.max_new_tokens
+    session = SamplingSession.start(model, histories, max_len=-(-max_len // 8) * 8)
+    sample_key, env_key = jax.random.split(turn_keys[turn])
+    gen = session.generate(config.max_new_tokens, config.rule, key=sample_key, stop_sequences=assets.stop_sequences,
+                           active=~done)
+    outcome = _act(env, env_params, assets, config, env_key, env_state, gen.tokens_BN, gen.lengths_B,
+                   jnp.asarray(~done), jnp.asarray(actions_left))
+    think = np.asarray(_reasoning_lengths(assets.vocab, gen.tokens_BN, gen.lengths_B))
+    tokens, lengths, logp = (np.asarray(x) for x in (gen.tokens_BN, gen.lengths_B, gen.model_logp_BN))
+    turn_reward, format_ok, executed = (np.asarray(x) for x in (outcome.reward, outcome.format_ok,
+                                                                 outcome.num_actions))
+    for i in np.flatnonzero(~done):
+      records[i].add_reply(tokens[i, :lengths[i]].tolist(), logp[i, :lengths[i]].tolist(), turn,
+                           float(turn_reward[i]), bool(format_ok[i]), int(think[i]), int(executed[i]))
+    env_state = outcome.env_state
+    reward, ended_by_eos = turn_reward, np.asarray(gen.ended_by_eos_B)
+    actions_left, done = np.asarray(outcome.actions_left), np.asarray(outcome.done)
+  return assemble(records, np.asarray(env_state.success), np.asarray(group_ids_B), seq_len, config.max_turns)
