@@ -1,0 +1,23 @@
+"""A few-second run for tests: a tiny random model on Sokoban (model.path must be set)."""
+
+from configs import base
+
+
+def get_config():
+  c = base.get_config()
+  c.workdir = "runs/tiny_test"
+  c.rollout.max_turns = 2
+  c.rollout.max_new_tokens = 12
+  c.train.iterations = 2
+  c.train.env_groups = 2
+  c.train.group_size = 4
+  c.train.mini_batch_size = 4
+  c.train.micro_batch_size = 2
+  c.train.actor_lr = 1e-3
+  c.train.critic_lr = 1e-3
+  c.train.val_every = 2
+  c.train.val_episodes = 4
+  c.train.checkpoint_every = 1
+  c.diagnostics.num_samples = 8
+  c.logging.progress_bar = False
+  return c

@@ -1,0 +1,1 @@
+"""Metric writers, plots and run reports."""

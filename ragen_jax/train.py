@@ -1,0 +1,295 @@
+"""Training entry point: rollout → score → filter → update, with validation and checkpoints.
+
+  python -m ragen_jax.train --config=configs/NAME.py [--config.x=y ...]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import transformers
+
+import envs
+from ragen_jax import config as config_lib
+from ragen_jax import mesh as mesh_lib
+from ragen_jax.checkpoint import Checkpointer, abstract_like
+from ragen_jax.diagnostics.alarm import AlarmConfig, AlarmState, update_alarm
+from ragen_jax.models import Model, bundled_model_dir, load_pretrained
+from ragen_jax.models.model import abstract_params, input_sharding, param_shardings
+from ragen_jax.report.writer import MetricWriter
+from ragen_jax.rl import early_stop
+from ragen_jax.rl.losses import PolicyLossConfig
+from ragen_jax.rl.presets import preset
+from ragen_jax.rl.update import FilterConfig, TrainState, UpdateConfig, init_train_state, make_update_fn
+from ragen_jax.rollout.device import device_rollout, slot_layout
+from ragen_jax.rollout.episodes import RolloutConfig, build_assets, train_seeds
+from ragen_jax.sampling import SamplingRule
+from ragen_jax.trajectories import Trajectories
+
+CONTEXT_MODES = ("full",)
+
+
+@dataclasses.dataclass
+class Experiment:
+  """Everything built from a config before the loop starts (all settings already validated)."""
+
+  config: object
+  mesh: jax.sharding.Mesh
+  model: Model
+  tokenizer: object
+  env: object
+  env_params: object
+  rollout: RolloutConfig
+  val_rollout: RolloutConfig
+  assets: object
+  update_config: UpdateConfig
+  policy_tx: optax.GradientTransformation
+  critic_tx: optax.GradientTransformation | None
+  early_stop: early_stop.EarlyStopConfig
+  alarm: AlarmConfig
+
+  @property
+  def seq_len(self) -> int:
+    return slot_layout(self.assets, self.rollout)[2]
+
+
+def algorithm_from_config(cfg):
+  """The preset named in `cfg.preset` with the loss and GAE settings of `cfg`."""
+  base = preset(cfg.preset)
+  loss = dataclasses.replace(base.loss, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                             dual_clip=cfg.dual_clip if cfg.dual_clip else None, entropy_coef=cfg.entropy_coef,
+                             use_kl_loss=cfg.use_kl_loss, kl_coef=cfg.kl_coef, kl_estimator=cfg.kl_estimator)
+  PolicyLossConfig(**dataclasses.asdict(loss))  # validates
+  return dataclasses.replace(base, loss=loss, gamma=cfg.gamma, lam=cfg.lam, bi_level_gae=cfg.bi_level_gae,
+                             turn_gamma=cfg.turn_gamma)
+
+
+def _optimizer(lr: float, cfg) -> optax.GradientTransformation:
+  return optax.chain(optax.clip_by_global_norm(cfg.grad_clip),
+                     optax.adamw(lr, b1=cfg.beta1, b2=cfg.beta2, weight_decay=cfg.weight_decay))
+
+
+def build_experiment(config) -> Experiment:
+  """Validates the config and builds models, envs, tables and optimizers (nothing compiled yet)."""
+  if config.rollout.context_window_mode not in CONTEXT_MODES:
+    raise config_lib.ConfigError(f"rollout.context_window_mode {config.rollout.context_window_mode!r} is not "
+                                 f"supported on the device path; use one of {CONTEXT_MODES}")
+  env, env_params = envs.make(config.env.name, **config.env.params.to_dict())
+  rule = SamplingRule(config.rollout.temperature, config.rollout.top_k, config.rollout.top_p)
+  rollout = RolloutConfig(max_turns=config.rollout.max_turns, max_new_tokens=config.rollout.max_new_tokens,
+                          max_actions_per_turn=config.rollout.max_actions_per_turn,
+                          max_actions_per_traj=config.rollout.max_actions_per_traj,
+                          format_penalty=config.rollout.format_penalty, rule=rule)
+  val_rollout = dataclasses.replace(rollout, rule=SamplingRule(config.rollout.val_temperature))
+  algorithm = algorithm_from_config(config.algorithm)
+  update_config = UpdateConfig(
+      algorithm=algorithm, filter=FilterConfig(**config.filter.to_dict()), num_groups=config.train.env_groups,
+      group_size=config.train.group_size, mini_batch_size=config.train.mini_batch_size,
+      micro_batch_size=config.train.micro_batch_size, ppo_epochs=config.train.ppo_epochs,
+      value_clip=config.algorithm.value_clip)
+  stop_cfg = early_stop.EarlyStopConfig(**config.early_stop.to_dict())
+  alarm = AlarmConfig(window=config.diagnostics.alarm_window, drop=config.diagnostics.alarm_drop,
+                      entropy_tolerance=config.diagnostics.alarm_entropy_tolerance)
+
+  mesh = mesh_lib.mesh_from_config(config.mesh)
+  batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]
+  if update_config.batch_size % batch_shards:
+    raise config_lib.ConfigError(f"the batch of {update_config.batch_size} episodes does not divide over "
+                                 f"{batch_shards} data x fsdp shards of the mesh")
+  path = config.model.path or str(bundled_model_dir())
+  tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+  model = load_pretrained(path, mesh=mesh, dtype=config.model.dtype, param_dtype=config.model.param_dtype)
+  if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in model.config.eos_token_ids:
+    model = dataclasses.replace(model, config=dataclasses.replace(
+        model.config, eos_token_ids=model.config.eos_token_ids + (tokenizer.eos_token_id,)))
+  assets = build_assets(tokenizer, env, env_params, rollout, table_size=model.config.vocab_size)
+  critic_tx = _optimizer(config.train.critic_lr, config.train) if algorithm.use_critic else None
+  return Experiment(config=config, mesh=mesh, model=model, tokenizer=tokenizer, env=env, env_params=env_params,
+                    rollout=rollout, val_rollout=val_rollout, assets=assets, update_config=update_config,
+                    policy_tx=_optimizer(config.train.actor_lr, config.train), critic_tx=critic_tx,
+                    early_stop=stop_cfg, alarm=alarm)
+
+
+def initial_state(exp: Experiment) -> TrainState:
+  """Policy from the checkpoint, critic = policy trunk + zero value head, fresh optimizers."""
+  copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))
+  policy = copy(exp.model.params)
+  critic = None
+  if exp.critic_tx is not None:
+    abstract = abstract_params(exp.model.config, with_value_head=True)["value_head"]
+    shardings = param_shardings(exp.model.config, exp.mesh, with_value_head=True)["value_head"]
+    value_head = jax.tree.map(lambda a, s: jax.device_put(jnp.zeros(a.shape, a.dtype), s), abstract, shardings)
+    critic = {**copy(exp.model.params), "value_head": value_head}
+  key = jax.random.PRNGKey(exp.config.seed)
+  with jax.set_mesh(exp.mesh):
+    return init_train_state(policy, exp.policy_tx, key, critic, exp.critic_tx)
+
+
+def _batch_put(exp: Experiment, array):
+  return jax.device_put(array, input_sharding(exp.mesh, np.shape(array)))
+
+
+def rollout_metrics(traj: Trajectories, prefix: str) -> dict[str, float]:
+  """Host summary of a trajectory batch."""
+  turns = np.maximum(np.asarray(traj.num_turns), 1)
+  played = np.asarray(traj.response_start) >= 0
+  return {f"{prefix}/success": float(np.mean(traj.success)), f"{prefix}/score": float(np.mean(traj.score)),
+          f"{prefix}/num_turns": float(np.mean(traj.num_turns)),
+          f"{prefix}/valid_action_rate": float(np.sum(np.asarray(traj.format_ok)) / max(np.sum(played), 1)),
+          f"{prefix}/actions_per_turn": float(np.mean(np.asarray(traj.num_actions) / turns)),
+          f"{prefix}/response_length": float(np.sum(np.asarray(traj.loss_mask)) / max(np.sum(played), 1)),
+          f"{prefix}/valid_thinking_rate": float(np.sum(np.asarray(traj.reasoning_len) > 0) / max(np.sum(played), 1))}
+
+
+class Trainer:
+  """Owns the jitted functions and runs the loop; `run()` returns the final metrics."""
+
+  def __init__(self, exp: Experiment):
+    self.exp = exp
+    self.workdir = exp.config.workdir
+    self.is_main = jax.process_index() == 0
+    self.state = initial_state(exp)
+    self.ref_params = exp.model.params if exp.update_config.algorithm.loss.use_kl_loss else None
+    state_shardings = jax.tree.map(lambda x: x.sharding, self.state)
+    update = make_update_fn(exp.model.config, exp.update_config, exp.policy_tx, exp.critic_tx)
+    self._update = jax.jit(update, out_shardings=(state_shardings, None), donate_argnums=(0,))
+    self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"), exp.config.train.checkpoint_every,
+                                     exp.config.train.max_to_keep)
+    self.iteration = 0
+    self.stop_state = early_stop.EarlyStopState()
+    self.alarm_state = AlarmState()
+    self.best_val_success = -1.0
+
+  # ---- phases -------------------------------------------------------------
+  def rollout(self, seeds, group_size: int, config: RolloutConfig, key, params=None) -> Trajectories:
+    exp = self.exp
+    group_ids = np.repeat(np.arange(len(seeds) // group_size), group_size)
+    with jax.set_mesh(exp.mesh):
+      return device_rollout(exp.model.config, self.state.policy if params is None else params, exp.env,
+                            exp.env_params, exp.assets, config, _batch_put(exp, np.asarray(seeds, np.int32)),
+                            _batch_put(exp, group_ids), key)
+
+  def validate(self) -> dict[str, float]:
+    cfg = self.exp.config.train
+    seeds = np.arange(cfg.val_seed_start, cfg.val_seed_start + cfg.val_episodes)
+    traj = self.rollout(seeds, 1, self.exp.val_rollout, jax.random.PRNGKey(cfg.val_seed_start))
+    return rollout_metrics(traj, "val")
+
+  def train_iteration(self) -> dict[str, float]:
+    exp, cfg = self.exp, self.exp.config.train
+    seeds = train_seeds(self.iteration, cfg.env_groups, cfg.group_size, cfg.seed_base)
+    key = jax.random.fold_in(jax.random.PRNGKey(exp.config.seed), self.iteration)
+    start = time.perf_counter()
+    traj = jax.block_until_ready(self.rollout(seeds, cfg.group_size, exp.rollout, key))
+    rolled = time.perf_counter()
+    with jax.set_mesh(exp.mesh):
+      self.state, metrics = self._update(self.state, self.ref_params, traj)
+      metrics = jax.device_get(metrics)
+    updated = time.perf_counter()
+    out = rollout_metrics(traj, "train") | {f"update/{k}": float(v) for k, v in metrics.items()}
+    out |= {"time/rollout_s": rolled - start, "time/update_s": updated - rolled, "time/iteration_s": updated - start}
+    return out
+
+  # ---- persistence ----------------------------------------------------------
+  def host_state(self) -> dict:
+    return {"iteration": self.iteration, "early_stop": self.stop_state.to_dict(),
+            "alarm": self.alarm_state.to_dict(), "best_val_success": self.best_val_success}
+
+  def try_resume(self) -> bool:
+    restored = self.checkpointer.restore_latest(abstract_like(self.state))
+    if restored is None:
+      return False
+    _, self.state, host = restored
+    self.iteration = host["iteration"]
+    self.stop_state = early_stop.EarlyStopState.from_dict(host["early_stop"])
+    self.alarm_state = AlarmState.from_dict(host["alarm"])
+    self.best_val_success = host["best_val_success"]
+    return True
+
+  # ---- loop -----------------------------------------------------------------
+  def run(self, iterations: int | None = None) -> dict[str, float]:
+    cfg = self.exp.config
+    total = cfg.train.iterations if iterations is None else iterations
+    writer = MetricWriter(self.workdir, cfg.logging.tensorboard,
+                          cfg.logging.wandb_project if cfg.logging.wandb else None, cfg.to_dict(), self.is_main)
+    progress = _progress(total, self.iteration, cfg.logging.progress_bar and self.is_main)
+    last: dict[str, float] = {}
+    try:
+      while self.iteration < total:
+        metrics = self.train_iteration()
+        self.iteration += 1
+        if cfg.train.val_every and (self.iteration % cfg.train.val_every == 0 or self.iteration == total):
+          metrics |= self.validate()
+          self.best_val_success = max(self.best_val_success, metrics["val/success"])
+        reason = self._watch(metrics)
+        writer.write(self.iteration, metrics)
+        self.checkpointer.maybe_save(self.iteration, self.state, self.host_state(), force=bool(reason))
+        progress.update(1)
+        progress.set_postfix({k.split("/")[-1]: f"{metrics[k]:.3g}" for k in (
+            "train/success", "train/score", "val/success", "update/filter_kept_ratio",
+            "update/collapse/trajectory/mi_zscore") if k in metrics}, refresh=False)
+        last = metrics
+        if reason:
+          logging.warning("early stop at iteration %d: %s", self.iteration, reason)
+          last["early_stop"] = 1.0
+          break
+    finally:
+      progress.close()
+      writer.close()
+    return last
+
+  def _watch(self, metrics: dict[str, float]) -> str | None:
+    """Early-stopping rules and the template-collapse alarm; returns a stop reason or None."""
+    self.stop_state, reason = early_stop.after_iteration(
+        self.stop_state, self.exp.early_stop, filter_empty=bool(metrics.get("update/filter_empty", 0.0)),
+        in_group_reward_std=metrics.get("update/in_group_reward_std", 0.0))
+    if "val/success" in metrics and reason is None:
+      self.stop_state, reason = early_stop.after_validation(self.stop_state, self.exp.early_stop,
+                                                            metrics["val/success"])
+    zscore = metrics.get("update/collapse/trajectory/mi_zscore")
+    if zscore is not None and metrics.get("update/collapse/computed", 1.0):
+      self.alarm_state, alarm = update_alarm(self.alarm_state, self.exp.alarm, zscore,
+                                             metrics.get("update/policy_entropy", float("nan")))
+      metrics["collapse/alarm"] = float(alarm.fired)
+      if alarm.fired:
+        logging.warning("iteration %d: %s", self.iteration, alarm.message)
+    return reason
+
+
+def _progress(total: int, initial: int, enabled: bool):
+  from tqdm.auto import tqdm
+  return tqdm(total=total, initial=initial, desc="train", disable=not enabled, dynamic_ncols=True)
+
+
+def train(config) -> dict[str, float]:
+  """Builds the experiment, resumes when asked, trains, and exports the final policy."""
+  exp = build_experiment(config)
+  trainer = Trainer(exp)
+  if config.train.resume and trainer.try_resume():
+    logging.info("resumed from iteration %d", trainer.iteration)
+  metrics = trainer.run()
+  if trainer.is_main:
+    export_dir = os.path.join(config.workdir, "final_model")
+    dataclasses.replace(exp.model, params=trainer.state.policy).export(export_dir, exp.tokenizer)
+    with open(os.path.join(config.workdir, "final_metrics.json"), "w") as f:
+      json.dump(metrics, f, indent=2)
+  trainer.checkpointer.close()
+  return metrics
+
+
+def main(config):
+  logging.getLogger().setLevel(logging.INFO)
+  metrics = train(config)
+  print(json.dumps({k: round(v, 4) for k, v in metrics.items() if "/" in k and not k.startswith("time")}, indent=1))
+
+
+if __name__ == "__main__":
+  config_lib.run(main)
