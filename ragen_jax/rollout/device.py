@@ -17,7 +17,8 @@ import jax.numpy as jnp
 from ragen_jax.models.config import ModelConfig
 from ragen_jax.models.partitioning import constrain
 from ragen_jax.rollout import prompt
-from ragen_jax.rollout.episodes import RolloutAssets, RolloutConfig, act, reasoning_length, seed_keys
+from ragen_jax.rollout.episodes import (RolloutAssets, RolloutConfig, act, reasoning_length, render_batch,
+                                        reset_batch)
 from ragen_jax.sampling import decode, extend, prefill
 from ragen_jax.trajectories import Trajectories, pack_left
 
@@ -40,9 +41,9 @@ def device_rollout(model_config: ModelConfig, params, env, env_params, assets: R
   """Plays B episodes (env seeds `seeds_B`) to the end on device and returns them packed."""
   batch, n_new, n_turns = seeds_B.shape[0], config.max_new_tokens, config.max_turns
   first_len, chunk_len, n_slots = slot_layout(assets, config)
-  render = jax.vmap(lambda state: env.render_tokens(state, env_params, assets.observation))
+  render = functools.partial(render_batch, env, env_params, assets.observation)
 
-  _, env_state = jax.vmap(env.reset, in_axes=(0, None))(seed_keys(seeds_B), env_params)
+  env_state = reset_batch(env, env_params, seeds_B)
   obs_ids, obs_len = render(env_state)
   actions_left = jnp.full((batch,), config.max_actions_per_traj, jnp.int32)
   chunk, chunk_valid = jax.vmap(prompt.first_chunk, in_axes=(None, 0, 0, 0))(assets.turns, obs_ids, obs_len,

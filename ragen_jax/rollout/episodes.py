@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import flax.struct
 import jax
@@ -114,3 +115,20 @@ def train_seeds(iteration: int, num_groups: int, group_size: int, base: int = 10
 def seed_keys(seeds_B) -> jax.Array:
   """Jittable: env reset keys from integer seeds."""
   return jax.vmap(jax.random.key)(seeds_B.astype(jnp.uint32))
+
+
+@functools.partial(jax.jit, static_argnames=("env",))
+def reset_batch(env, env_params, seeds_B):
+  """Env states [B] of new episodes with the given seeds."""
+  return jax.vmap(env.reset, in_axes=(0, None))(seed_keys(seeds_B), env_params)[1]
+
+
+@functools.partial(jax.jit, static_argnames=("env",))
+def render_batch(env, env_params, observation_table, state_B):
+  """Observations of a batch of states as (ids int32[B, O], lengths int32[B])."""
+  return jax.vmap(lambda s: env.render_tokens(s, env_params, observation_table))(state_B)
+
+
+def unbatch(state_B, index: int):
+  """The index-th state of a batched env state (host)."""
+  return jax.tree.map(lambda x: x[index], state_B)

@@ -17,7 +17,8 @@ import numpy as np
 
 from ragen_jax.models.model import Model
 from ragen_jax.rollout import prompt
-from ragen_jax.rollout.episodes import RolloutAssets, RolloutConfig, act, reasoning_length, seed_keys
+from ragen_jax.rollout.episodes import (RolloutAssets, RolloutConfig, act, reasoning_length, render_batch,
+                                        reset_batch)
 from ragen_jax.sampling import SamplingSession
 from ragen_jax.trajectories import Trajectories
 
@@ -101,17 +102,6 @@ def assemble(records: list[EpisodeRecord], success, group_ids, seq_len: int, max
       num_actions=np.asarray([r.num_actions for r in records], np.int32), group_ids=np.asarray(group_ids, np.int32))
 
 
-@functools.partial(jax.jit, static_argnames=("env",))
-def _reset_and_render(env, env_params, assets: RolloutAssets, seeds_B):
-  _, state = jax.vmap(env.reset, in_axes=(0, None))(seed_keys(seeds_B), env_params)
-  return state, jax.vmap(lambda s: env.render_tokens(s, env_params, assets.observation))(state)
-
-
-@functools.partial(jax.jit, static_argnames=("env",))
-def _render(env, env_params, assets: RolloutAssets, state):
-  return jax.vmap(lambda s: env.render_tokens(s, env_params, assets.observation))(state)
-
-
 _act = jax.jit(act, static_argnames=("env", "config"))
 _first_chunks = jax.jit(jax.vmap(prompt.first_chunk, in_axes=(None, 0, 0, 0)))
 _turn_chunks = jax.jit(jax.vmap(prompt.turn_chunk, in_axes=(None, 0, 0, None, 0, 0, 0)))
@@ -123,7 +113,8 @@ def host_rollout(model: Model, env, env_params, assets: RolloutAssets, config: R
   """Plays the episodes turn by turn from the host, re-prefilling every history each turn."""
   seeds_B = jnp.asarray(seeds_B, jnp.int32)
   batch = seeds_B.shape[0]
-  env_state, (obs_ids, obs_len) = _reset_and_render(env, env_params, assets, seeds_B)
+  env_state = reset_batch(env, env_params, seeds_B)
+  obs_ids, obs_len = render_batch(env, env_params, assets.observation, env_state)
   records = [EpisodeRecord() for _ in range(batch)]
   done = np.zeros(batch, bool)
   actions_left = np.full(batch, config.max_actions_per_traj, np.int32)
@@ -135,7 +126,7 @@ def host_rollout(model: Model, env, env_params, assets: RolloutAssets, config: R
     if turn == 0:
       chunks, chunk_valid = _first_chunks(assets.turns, obs_ids, obs_len, jnp.asarray(actions_left))
     else:
-      obs_ids, obs_len = _render(env, env_params, assets, env_state)
+      obs_ids, obs_len = render_batch(env, env_params, assets.observation, env_state)
       chunks, chunk_valid = _turn_chunks(assets.turns, obs_ids, obs_len, turn, jnp.asarray(reward),
                                          jnp.asarray(ended_by_eos), jnp.asarray(actions_left))
     chunks, chunk_valid = np.asarray(chunks), np.asarray(chunk_valid)

@@ -85,7 +85,7 @@ def conversation_text(pieces: ChatPieces, system: str, turns) -> str:
   """Host reference of a whole rendered conversation.
 
   `turns` is a list of (reward of the previous turn or None, user text, reply text or None,
-  reply ended with EOS).
+  reply ended with EOS). The last reply is not closed: the episode ends with it.
   """
   out = pieces.system_open + system + pieces.system_to_user
   for i, (prev_reward, user, reply, ended_by_eos) in enumerate(turns):
@@ -93,7 +93,7 @@ def conversation_text(pieces: ChatPieces, system: str, turns) -> str:
       out += pieces.reply_to_user + f"Reward:\n{format_reward(prev_reward)}\n"
     out += user + pieces.generation_open + THINK_OPEN
     if reply is not None:
-      out += reply + ("" if ended_by_eos else pieces.end_of_reply)
+      out += reply + ("" if ended_by_eos or i == len(turns) - 1 else pieces.end_of_reply)
   return out
 
 

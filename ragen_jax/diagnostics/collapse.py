@@ -1,0 +1,241 @@
+"""Collapse diagnostics inside the jitted update: MI proxies, token entropies, gradient buckets.
+
+`make_diagnostics_fn` builds the `diagnostics_fn` that `rl.update.make_update_fn`
+calls on the pre-update policy, before filtering. Every `compute_freq` calls it
+cross-scores sampled (prompt, reasoning) pairs (see `cross_scoring`) for each
+sampling variant and logs SPEC §5's family under `collapse/<variant>/…`
+(`_seq` suffix: summed log-probs); in between, a `lax.cond` skips the scoring
+and logs zeros with `collapse/computed` = 0. The z-score EMAs live in the
+diagnostics state (`init_diagnostics_state`), which the trainer checkpoints.
+
+`make_grad_analysis_fn` is the (switchable) SPEC §6 gradient analysis: per
+reward-variance bucket, the gradient norms of the task, entropy and KL terms.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from ragen_jax.diagnostics import cross_scoring as xs
+from ragen_jax.diagnostics.grad_buckets import (BUCKET_MODES, assign_buckets, bucket_episode_masks,
+                                                bucket_grad_norms, bucket_ranges)
+from ragen_jax.diagnostics.mi import MARGINAL_CONVENTIONS, ZscoreEMA, apply_zscore_emas, mi_metrics_from_scores
+from ragen_jax.models.config import ModelConfig
+from ragen_jax.rl import snr_filter
+from ragen_jax.rl.logprobs import token_logp_and_entropy
+from ragen_jax.rl.losses import PolicyLossConfig, actor_loss
+from ragen_jax.rl.masked import masked_mean
+from ragen_jax.trajectories import Trajectories
+
+VARIANTS = ("first_turn", "trajectory")
+
+
+@dataclasses.dataclass(frozen=True)
+class CollapseConfig:
+  """Settings of the collapse diagnostics (static under jit).
+
+  num_samples: R, reasoning rows per variant (first-turn: at most the batch size).
+  max_reasoning_tokens: reasonings are scored on their first this-many tokens.
+  max_prompt_tokens: static prompt window (None: the batch's sequence length); turns
+    whose prompt is longer are not sampled (first-turn columns are cut and counted in
+    `collapse/first_turn/columns_cut`).
+  block_tokens, columns_per_step, rows_per_step: scorer work split (see
+    `cross_scoring.cross_logp`); they trade memory for speed, not results.
+  grad_analysis: run `make_grad_analysis_fn`'s analysis (every `compute_freq` steps).
+  """
+
+  enabled: bool = True
+  compute_freq: int = 1  # reference: 5
+  num_samples: int = 64
+  variants: tuple[str, ...] = VARIANTS
+  marginal: str = "paper"
+  ema_decay: float = 0.9
+  max_reasoning_tokens: int = 128
+  max_prompt_tokens: int | None = None
+  block_tokens: int = 32
+  columns_per_step: int = 1
+  rows_per_step: int | None = None
+  grad_analysis: bool = False
+  num_buckets: int = 6
+  bucket_mode: str = "quantile"
+  bucket_edges: tuple[float, ...] | None = None
+
+  def __post_init__(self):
+    if self.compute_freq < 1 or self.num_samples < 2:
+      raise ValueError(f"need compute_freq >= 1 and num_samples >= 2, got {self.compute_freq}, {self.num_samples}")
+    unknown = set(self.variants) - set(VARIANTS)
+    if unknown or not self.variants or len(set(self.variants)) != len(self.variants):
+      raise ValueError(f"variants must be distinct names from {VARIANTS}, got {self.variants}")
+    if self.marginal not in MARGINAL_CONVENTIONS:
+      raise ValueError(f"marginal must be one of {MARGINAL_CONVENTIONS}, got {self.marginal!r}")
+    if not 0.0 <= self.ema_decay < 1.0:
+      raise ValueError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
+    if self.max_reasoning_tokens < 1 or (self.max_prompt_tokens is not None and self.max_prompt_tokens < 1):
+      raise ValueError("max_reasoning_tokens and max_prompt_tokens must be positive")
+    if self.bucket_mode not in BUCKET_MODES:
+      raise ValueError(f"bucket_mode must be one of {BUCKET_MODES}, got {self.bucket_mode!r}")
+
+
+def init_diagnostics_state(cfg: CollapseConfig) -> dict:
+  """The diagnostics' part of the train state: a step counter and one z-score EMA per
+  variant and family (`<variant>` per-token, `<variant>_seq` summed)."""
+  emas = {variant + suffix: ZscoreEMA.init() for variant in cfg.variants for suffix in ("", "_seq")}
+  return {"step": jnp.zeros((), jnp.int32), "zscore_ema": emas}
+
+
+def _zeros_like_tree(shapes):
+  return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+
+def _entropy_metrics(batch: Trajectories, entropy_BT: jax.Array) -> dict[str, jax.Array]:
+  """Policy token entropy on reasoning tokens (an H(Z|X) estimate) and on whole responses,
+  plus the share of turns with valid reasoning."""
+  turns_BK = batch.response_start >= 0
+  return {
+      "collapse/reasoning_token_entropy": masked_mean(entropy_BT, xs.reasoning_token_mask(batch)),
+      "collapse/response_token_entropy": masked_mean(entropy_BT, batch.loss_mask),
+      "collapse/valid_thinking_rate": jnp.sum(xs.has_reasoning(batch)) / jnp.maximum(jnp.sum(turns_BK), 1),
+  }
+
+
+def make_diagnostics_fn(model_config: ModelConfig, cfg: CollapseConfig, num_groups: int, group_size: int):
+  """`diagnostics_fn(policy_params, state, batch, old_logp_BT, entropy_BT, key) -> (state, metrics)`
+  for `make_update_fn` (None when `cfg.enabled` is False).
+
+  Per variant: the MI family of `mi_metrics_from_scores` with `mi_zscore_ema(_seq)`,
+  `num_rows` (real rows), `reasoning_cut` (share of rows longer than
+  `max_reasoning_tokens`) and `matched_logp_gap` (mean |S[r, own] − the rollout's
+  summed log-prob of the same tokens|: 0 up to rounding, a check that the scorer and
+  the learner see the same policy).
+  """
+  if not cfg.enabled:
+    return None
+  batch_size = num_groups * group_size
+  if "first_turn" in cfg.variants and num_groups < 2:
+    raise ValueError(f"first-turn cross-scoring needs at least 2 groups (columns), got {num_groups}")
+  first_turn_rows = min(cfg.num_samples, batch_size)
+
+  def variant_metrics(policy_params, batch, old_logp_BT, variant, key):
+    window = cfg.max_prompt_tokens or batch.seq_len
+    if variant == "first_turn":
+      pairs = xs.first_turn_pairs(batch, num_groups, first_turn_rows, key, window)
+    else:
+      pairs = xs.trajectory_pairs(batch, cfg.num_samples, key, window)
+    sum_logp_RN, length_R = xs.score_pairs(
+        model_config, policy_params, batch, pairs, max_reasoning_tokens=cfg.max_reasoning_tokens,
+        prompt_window=window, block_tokens=cfg.block_tokens, columns_per_step=cfg.columns_per_step,
+        rows_per_step=cfg.rows_per_step)
+    metrics = mi_metrics_from_scores(sum_logp_RN, length_R, pairs.own_col, xs.prompt_equivalence(batch, pairs),
+                                     pairs.row_mask, marginal=cfg.marginal)
+    rollout_logp_RZ, _ = xs.gather_reasoning(old_logp_BT, batch, pairs.row_episode, pairs.row_turn,
+                                             cfg.max_reasoning_tokens)
+    own_R = jnp.take_along_axis(sum_logp_RN, pairs.own_col[:, None], axis=1)[:, 0]
+    full_length_R = batch.reasoning_len[pairs.row_episode, pairs.row_turn]
+    prompt_length_N = batch.response_start[pairs.col_episode, pairs.col_turn]
+    metrics |= {
+        "num_rows": jnp.sum(pairs.row_mask).astype(jnp.float32),
+        "reasoning_cut": masked_mean((full_length_R > cfg.max_reasoning_tokens).astype(jnp.float32), pairs.row_mask),
+        "matched_logp_gap": masked_mean(jnp.abs(own_R - jnp.sum(rollout_logp_RZ, axis=1)), pairs.row_mask),
+    }
+    if variant == "first_turn":
+      metrics["columns_cut"] = jnp.sum(prompt_length_N > window).astype(jnp.float32)
+    return metrics, jnp.any(pairs.row_mask)
+
+  def compute(policy_params, emas, batch, old_logp_BT, key):
+    emas, metrics = dict(emas), {"collapse/computed": jnp.ones((), jnp.float32)}
+    for variant, variant_key in zip(cfg.variants, jax.random.split(key, len(cfg.variants))):
+      family, has_rows = variant_metrics(policy_params, batch, old_logp_BT, variant, variant_key)
+      updated, family = apply_zscore_emas(emas, variant, family, cfg.ema_decay)
+      # A matrix without rows says nothing about the marginal's spread: keep the EMA.
+      emas = jax.tree.map(lambda new, old: jnp.where(has_rows, new, old), updated, emas)
+      metrics |= {f"collapse/{variant}/{name}": value for name, value in family.items()}
+    return emas, metrics
+
+  def diagnostics_fn(policy_params, state, batch: Trajectories, old_logp_BT, entropy_BT, key):
+    if batch.batch_size != batch_size:
+      raise ValueError(f"batch has {batch.batch_size} episodes, diagnostics expect {num_groups} × {group_size}")
+    emas = state["zscore_ema"]
+    args = (policy_params, emas, batch, old_logp_BT, key)
+    skipped = _zeros_like_tree(jax.eval_shape(compute, *args)[1])
+    emas, metrics = jax.lax.cond(state["step"] % cfg.compute_freq == 0, compute,
+                                 lambda _, emas, *rest: (emas, skipped), *args)
+    new_state = {"step": state["step"] + 1, "zscore_ema": emas}
+    return new_state, _entropy_metrics(batch, entropy_BT) | metrics
+
+  return diagnostics_fn
+
+
+def make_grad_analysis_fn(model_config: ModelConfig, cfg: CollapseConfig, loss_cfg: PolicyLossConfig,
+                          num_groups: int, micro_batch_size: int):
+  """`grad_analysis(policy_params, batch, old_logp_BT, advantages_BT, loss_mask_BT, ref_logp_BT,
+  scores_G, step) -> metrics` (None when `cfg.grad_analysis` is False).
+
+  Groups with any token in `loss_mask_BT` are split into `cfg.num_buckets` buckets by
+  `scores_G` (the filter score: reward variance or std); per bucket k the actor loss
+  is rebuilt on that bucket's episodes alone (the aggregation of `loss_cfg.agg` over
+  them) and `grad_analysis/bucket_k/{task,entropy,kl}_grad_norm` are the global
+  norms of ∇pg_loss, ∇(entropy_coef·entropy) and ∇(kl_coef·kl) (kl only with
+  `use_kl_loss`), next to the bucket's `reward_std_min/max` and `num_groups`
+  (empty bucket: norms 0, range NaN). Runs when `step % compute_freq == 0`
+  (`grad_analysis/computed`); costs about one forward and three backward passes
+  over the batch, done `micro_batch_size` episodes at a time.
+  """
+  if not cfg.grad_analysis:
+    return None
+
+  def loss_terms(params, batch, old_logp_BT, advantages_BT, loss_mask_BT, ref_logp_BT, episode_mask_B):
+    # Bucket members first, so micro-batches without any are skipped (forward and backward).
+    order_B = jnp.argsort(~episode_mask_B, stable=True)
+    member_B = episode_mask_B[order_B]
+    micro = lambda x: x.reshape(-1, micro_batch_size, *x.shape[1:])  # noqa: E731
+    forward = jax.checkpoint(lambda p, t, v: token_logp_and_entropy(model_config, p, t, v))
+
+    def micro_forward(chunk):
+      tokens, valid, member = chunk
+      zeros = jnp.zeros(tokens.shape, jnp.float32)
+      return jax.lax.cond(jnp.any(member), forward, lambda *_: (zeros, zeros), params, tokens, valid)
+
+    logp, entropy = jax.lax.map(micro_forward, (micro(batch.tokens[order_B]), micro(batch.valid[order_B]),
+                                                micro(member_B)))
+    logp, entropy = logp.reshape(loss_mask_BT.shape), entropy.reshape(loss_mask_BT.shape)
+    ref = None if ref_logp_BT is None else ref_logp_BT[order_B]
+    _, aux = actor_loss(logp, old_logp_BT[order_B], advantages_BT[order_B],
+                        loss_mask_BT[order_B] & member_B[:, None], entropy, ref, loss_cfg)
+    terms = {"task": aux["pg_loss"], "entropy": loss_cfg.entropy_coef * aux["entropy"]}
+    if loss_cfg.use_kl_loss:
+      terms["kl"] = loss_cfg.kl_coef * aux["kl_loss"]
+    return terms
+
+  def analyse(policy_params, batch, old_logp_BT, advantages_BT, loss_mask_BT, ref_logp_BT, scores_G):
+    group_has_tokens_G = jax.ops.segment_max(jnp.any(loss_mask_BT, axis=1).astype(jnp.int32), batch.group_ids,
+                                             num_segments=num_groups) > 0
+    bucket_G = assign_buckets(scores_G, num_buckets=cfg.num_buckets, mode=cfg.bucket_mode, edges=cfg.bucket_edges,
+                              group_mask=group_has_tokens_G)
+    masks_KB = bucket_episode_masks(bucket_G, batch.group_ids, cfg.num_buckets)
+    norms = bucket_grad_norms(
+        lambda p, m: loss_terms(p, batch, old_logp_BT, advantages_BT, loss_mask_BT, ref_logp_BT, m),
+        policy_params, masks_KB)
+    reward_std_G = snr_filter.group_scores(batch.score, batch.group_ids, num_groups, metric="std")
+    low_K, high_K, count_K = bucket_ranges(reward_std_G, bucket_G, cfg.num_buckets)
+    metrics = {"grad_analysis/computed": jnp.ones((), jnp.float32)}
+    for k in range(cfg.num_buckets):
+      prefix = f"grad_analysis/bucket_{k}/"
+      metrics |= {prefix + f"{term}_grad_norm": norm_K[k] for term, norm_K in norms.items()}
+      metrics |= {prefix + "reward_std_min": low_K[k], prefix + "reward_std_max": high_K[k],
+                  prefix + "num_groups": count_K[k].astype(jnp.float32)}
+    return metrics
+
+  def grad_analysis(policy_params, batch: Trajectories, old_logp_BT, advantages_BT, loss_mask_BT, ref_logp_BT,
+                    scores_G, step):
+    if batch.batch_size % micro_batch_size:
+      raise ValueError(f"micro_batch_size {micro_batch_size} must divide the batch of {batch.batch_size} episodes")
+    if loss_cfg.use_kl_loss and ref_logp_BT is None:
+      raise ValueError("the KL term's gradient needs ref_logp_BT (use_kl_loss is on)")
+    args = (policy_params, batch, old_logp_BT, advantages_BT, loss_mask_BT, ref_logp_BT, scores_G)
+    skipped = _zeros_like_tree(jax.eval_shape(analyse, *args))
+    return jax.lax.cond(step % cfg.compute_freq == 0, analyse, lambda *_: skipped, *args)
+
+  return grad_analysis

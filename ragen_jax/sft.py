@@ -1,0 +1,61 @@
+"""Supervised fine-tuning on demonstration conversations (the demo's warm start)."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from ragen_jax.models.config import ModelConfig
+from ragen_jax.rl.logprobs import token_logp_and_entropy
+from ragen_jax.rl.masked import masked_mean
+
+
+def sft_loss(config: ModelConfig, params, tokens_BT, valid_BT, loss_mask_BT):
+  """Mean negative log-likelihood of the masked (assistant) tokens."""
+  logp, _ = token_logp_and_entropy(config, params, tokens_BT, valid_BT)
+  return -masked_mean(logp, loss_mask_BT)
+
+
+def make_sft_step(config: ModelConfig, tx: optax.GradientTransformation):
+  """Jitted `step(params, opt_state, tokens, valid, loss_mask) -> (params, opt_state, loss)`."""
+
+  @functools.partial(jax.jit, donate_argnums=(0, 1))
+  def step(params, opt_state, tokens_BT, valid_BT, loss_mask_BT):
+    loss, grads = jax.value_and_grad(sft_loss, argnums=1)(config, params, tokens_BT, valid_BT, loss_mask_BT)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  return step
+
+
+def pack_examples(examples, seq_len: int):
+  """(tokens, valid, loss_mask) arrays [N, seq_len] from (token list, loss-mask list) pairs."""
+  tokens = np.zeros((len(examples), seq_len), np.int32)
+  valid = np.zeros((len(examples), seq_len), bool)
+  mask = np.zeros((len(examples), seq_len), bool)
+  for i, (ids, loss) in enumerate(examples):
+    if len(ids) > seq_len:
+      raise ValueError(f"example {i} has {len(ids)} tokens, more than seq_len={seq_len}")
+    tokens[i, :len(ids)], valid[i, :len(ids)], mask[i, :len(ids)] = ids, True, loss
+  return tokens, valid, mask
+
+
+def fit(config: ModelConfig, params, examples, *, seq_len: int, steps: int, batch_size: int, lr: float,
+        seed: int = 0, on_step=None):
+  """Trains `params` on the examples for `steps` AdamW steps; returns (params, last loss)."""
+  tokens, valid, mask = pack_examples(examples, seq_len)
+  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(optax.cosine_decay_schedule(lr, steps, 0.1)))
+  opt_state = tx.init(params)
+  step_fn = make_sft_step(config, tx)
+  rng = np.random.default_rng(seed)
+  loss = jnp.nan
+  for step in range(steps):
+    idx = rng.choice(len(examples), size=batch_size, replace=len(examples) < batch_size)
+    params, opt_state, loss = step_fn(params, opt_state, tokens[idx], valid[idx], mask[idx])
+    if on_step is not None:
+      on_step(step, loss)
+  return params, float(loss)
