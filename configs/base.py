@@ -16,7 +16,7 @@ def get_config():
   c.model.dtype = "float32"    # compute dtype
   c.model.param_dtype = "float32"
 
-  c.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
+  c.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1, "num_devices": -1})
   c.distributed = ml_collections.ConfigDict({"enabled": False, "coordinator": "", "num_processes": 1,
                                              "process_id": 0})
 

@@ -36,8 +36,20 @@ def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, devices=None) -> M
 
 
 def mesh_from_config(cfg) -> Mesh:
-  """Mesh from a config block with `data`, `fsdp`, `tensor` sizes."""
-  return make_mesh(cfg.data, cfg.fsdp, cfg.tensor)
+  """Mesh from a config block with `data`, `fsdp`, `tensor` sizes (and optionally
+  `num_devices`: use the first N devices; -1 = all)."""
+  count = cfg.get("num_devices", -1)
+  return make_mesh(cfg.data, cfg.fsdp, cfg.tensor, devices=None if count == -1 else jax.devices()[:count])
+
+
+def put_replicated_if_elsewhere(tree, mesh: Mesh):
+  """Leaves not already on `mesh` (e.g. fresh optimizer counters) are replicated onto it."""
+  def place(x):
+    sharding = getattr(x, "sharding", None)
+    if isinstance(sharding, NamedSharding) and sharding.mesh == mesh:
+      return x
+    return jax.device_put(x, replicated(mesh))
+  return jax.tree.map(place, tree)
 
 
 def single_device_mesh() -> Mesh:

@@ -129,8 +129,8 @@ def initial_state(exp: Experiment) -> TrainState:
     value_head = jax.tree.map(lambda a, s: jax.device_put(jnp.zeros(a.shape, a.dtype), s), abstract, shardings)
     critic = {**copy(exp.model.params), "value_head": value_head}
   key = jax.random.PRNGKey(exp.config.seed)
-  with jax.set_mesh(exp.mesh):
-    return init_train_state(policy, exp.policy_tx, key, critic, exp.critic_tx)
+  state = init_train_state(policy, exp.policy_tx, key, critic, exp.critic_tx)
+  return mesh_lib.put_replicated_if_elsewhere(state, exp.mesh)
 
 
 def _batch_put(exp: Experiment, array):

@@ -1,4 +1,4 @@
-"""Test set-up: 8 fake CPU devices so sharded code is tested against 1 device."""
+"""Test set-up: 8 fake CPU devices so sharded code is tested against 1 device, and shared fixtures."""
 import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
@@ -6,11 +6,82 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-import pytest  # noqa: E402
+# pylint: disable=wrong-import-position
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import envs
+from ragen_jax import mesh as mesh_lib
+from ragen_jax.models import Model, init_params
+from ragen_jax.models.gguf_convert import bundled_model_dir
+from ragen_jax.models.scratch import scratch_config
+from ragen_jax.models.tokenizer import train_tokenizer
+from ragen_jax.rollout import prompt
+from ragen_jax.rollout.episodes import RolloutConfig, build_assets, render_batch, reset_batch, unbatch
+from ragen_jax.sampling import SamplingRule
+from ragen_jax.sft import fit
 
 
 @pytest.fixture(scope="session")
 def smollm2_dir(tmp_path_factory):
   """HF directory of the bundled SmolLM2, converted fresh into a session temp cache (never a stale one)."""
-  from ragen_jax.models.gguf_convert import bundled_model_dir
   return bundled_model_dir(tmp_path_factory.mktemp("ragen_jax_cache"))
+
+
+REPLY = "push on</think><answer>Up || Left</answer>"
+OTHER_REPLIES = ("go down</think><answer>Down</answer>", "go right</think><answer>Right</answer>")
+
+
+@pytest.fixture(scope="session")
+def sokoban():
+  return envs.make("sokoban")
+
+
+@pytest.fixture(scope="session")
+def tokenizer(sokoban):
+  env, params = sokoban
+  states = reset_batch(env, params, jnp.arange(40))
+  texts = [env.render_text(unbatch(states, i), params) for i in range(40)]
+  texts += [env.instruction_text(params, 10), prompt.FORMAT_REMINDER, "Reward:\n-0.1\nTurn 2:\nState:\n", REPLY] * 20
+  return train_tokenizer(texts, vocab_size=1000)
+
+
+@pytest.fixture(scope="session")
+def greedy_config():
+  return RolloutConfig(max_turns=3, max_new_tokens=16, rule=SamplingRule(temperature=0.0))
+
+
+@pytest.fixture(scope="session")
+def assets(tokenizer, sokoban, greedy_config):
+  env, params = sokoban
+  return build_assets(tokenizer, env, params, greedy_config, table_size=scratch_config(tokenizer).vocab_size)
+
+
+@pytest.fixture(scope="session")
+def replying_model(tokenizer, sokoban, assets):
+  """A 2-layer model fine-tuned to answer turns with REPLY (60%, so greedy decoding picks it) or one of
+  OTHER_REPLIES (so sampled episodes of a group differ in score)."""
+  env, env_params = sokoban
+  config = scratch_config(tokenizer, hidden_size=64)
+  replies = [tokenizer.encode(r) + [tokenizer.eos_token_id] for r in (REPLY,) * 3 + OTHER_REPLIES]
+  obs_ids, obs_len = render_batch(env, env_params, assets.observation, reset_batch(env, env_params, jnp.arange(16)))
+  ids, valid = jax.jit(jax.vmap(prompt.first_chunk, in_axes=(None, 0, 0, None)))(assets.turns, obs_ids, obs_len, 10)
+  examples = []
+  for i, (row_ids, row_valid) in enumerate(zip(np.asarray(ids), np.asarray(valid))):
+    context, reply = row_ids[row_valid].tolist(), replies[i % len(replies)]
+    examples.append((context + reply, [False] * len(context) + [True] * len(reply)))
+  params, loss = fit(config, init_params(config, jax.random.key(0)), examples, seq_len=512, steps=100,
+                     batch_size=4, lr=5e-3)
+  assert loss < 0.5, loss
+  return Model(config=dataclasses.replace(config, eos_token_ids=(tokenizer.eos_token_id,)), params=params,
+               mesh=mesh_lib.single_device_mesh())
+
+
+@pytest.fixture(scope="session")
+def replying_model_dir(replying_model, tokenizer, tmp_path_factory):
+  """The replying model exported as a HF directory with its tokenizer."""
+  return replying_model.export(tmp_path_factory.mktemp("replying_model"), tokenizer)

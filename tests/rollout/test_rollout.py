@@ -12,7 +12,7 @@ from ragen_jax.rollout import prompt
 from ragen_jax.rollout.device import device_rollout, slot_layout
 from ragen_jax.rollout.episodes import train_seeds
 from ragen_jax.rollout.host import host_rollout
-from tests.rollout.conftest import REPLY
+from tests.conftest import REPLY
 
 
 @pytest.fixture(scope="module")
