@@ -72,6 +72,15 @@ def algorithm_from_config(cfg):
                              turn_gamma=cfg.turn_gamma)
 
 
+def rollout_config_from(config) -> RolloutConfig:
+  """The training rollout settings of a config."""
+  rule = SamplingRule(config.rollout.temperature, config.rollout.top_k, config.rollout.top_p)
+  return RolloutConfig(max_turns=config.rollout.max_turns, max_new_tokens=config.rollout.max_new_tokens,
+                       max_actions_per_turn=config.rollout.max_actions_per_turn,
+                       max_actions_per_traj=config.rollout.max_actions_per_traj,
+                       format_penalty=config.rollout.format_penalty, rule=rule)
+
+
 def _optimizer(lr: float, cfg) -> optax.GradientTransformation:
   return optax.chain(optax.clip_by_global_norm(cfg.grad_clip),
                      optax.adamw(lr, b1=cfg.beta1, b2=cfg.beta2, weight_decay=cfg.weight_decay))
@@ -83,11 +92,7 @@ def build_experiment(config) -> Experiment:
     raise config_lib.ConfigError(f"rollout.context_window_mode {config.rollout.context_window_mode!r} is not "
                                  f"supported on the device path; use one of {CONTEXT_MODES}")
   env, env_params = envs.make(config.env.name, **config.env.params.to_dict())
-  rule = SamplingRule(config.rollout.temperature, config.rollout.top_k, config.rollout.top_p)
-  rollout = RolloutConfig(max_turns=config.rollout.max_turns, max_new_tokens=config.rollout.max_new_tokens,
-                          max_actions_per_turn=config.rollout.max_actions_per_turn,
-                          max_actions_per_traj=config.rollout.max_actions_per_traj,
-                          format_penalty=config.rollout.format_penalty, rule=rule)
+  rollout = rollout_config_from(config)
   val_rollout = dataclasses.replace(rollout, rule=SamplingRule(config.rollout.val_temperature))
   algorithm = algorithm_from_config(config.algorithm)
   update_config = UpdateConfig(

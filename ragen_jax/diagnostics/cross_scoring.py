@@ -151,14 +151,15 @@ def _repeat_cache(cache: KVCache, times: int) -> KVCache:
 
 
 def cross_logp(config: ModelConfig, params, prompts_NP: jax.Array, prompt_len_N: jax.Array,
-               reasoning_RZ: jax.Array, reasoning_len_R: jax.Array, *, block_tokens: int = 32,
-               columns_per_step: int = 1, rows_per_step: int | None = None) -> jax.Array:
+               reasoning_RZ: jax.Array, reasoning_len_R: jax.Array, *, num_columns: jax.Array | None = None,
+               block_tokens: int = 32, columns_per_step: int = 1, rows_per_step: int | None = None) -> jax.Array:
   """Summed teacher-forced log-probs float32[R, N]: S[r, j] = Σ_i log p(z_r[i] | x_j, z_r[<i]).
 
   prompts_NP: int32[N, P] with prompt_len_N real tokens each (the prompt is the
   first prompt_len tokens, ≥ 1); reasoning_RZ: int32[R, Z] with reasoning_len_R
-  real tokens each (≤ Z). Work is split into steps of `columns_per_step` prompts
-  × `rows_per_step` rows (default all rows) run one after another.
+  real tokens each (≤ Z). Only the first `num_columns` (traced; default N) columns
+  are scored, the rest are 0. Work is split into steps of `columns_per_step`
+  prompts × `rows_per_step` rows (default all rows) run one after another.
   """
   num_cols, window = prompts_NP.shape
   num_rows, max_tokens = reasoning_RZ.shape
@@ -206,13 +207,19 @@ def cross_logp(config: ModelConfig, params, prompts_NP: jax.Array, prompt_len_N:
     _, _, total_Q = jax.lax.while_loop(lambda c: c[0] < num_blocks, block, init)
     return total_Q.reshape(columns_per_step, rows_per_step)
 
-  def score_columns(chunk):
-    prompts_CP, valid_CP, last_C = chunk
+  def score_columns(prompts_CP, valid_CP, last_C):
     empty = KVCache.zeros(config, columns_per_step, window + padded_tokens)
     _, prompt_cache = module.apply({"params": params}, prompts_CP, valid_CP, empty)
     return jax.lax.map(lambda rows: score_rows(prompt_cache, last_C, *rows), row_chunks)  # [row chunks, C, Cr]
 
-  scores = jax.lax.map(score_columns, col_chunks)  # [col chunks, row chunks, C, Cr]
+  def score_chunk(index_and_chunk):
+    index, chunk = index_and_chunk
+    skipped = jnp.zeros((row_chunks[1].shape[0], columns_per_step, rows_per_step), jnp.float32)
+    active = index * columns_per_step < (num_cols if num_columns is None else num_columns)
+    return jax.lax.cond(active, score_columns, lambda *_: skipped, *chunk)
+
+  num_chunks = col_chunks[0].shape[0]
+  scores = jax.lax.map(score_chunk, (jnp.arange(num_chunks), col_chunks))  # [col chunks, row chunks, C, Cr]
   sorted_NR = scores.transpose(0, 2, 1, 3).reshape(-1, scores.shape[1] * rows_per_step)[:num_cols, :num_rows]
   return jnp.zeros((num_rows, num_cols), jnp.float32).at[order_R].set(sorted_NR.T)
 
@@ -223,13 +230,20 @@ def score_pairs(config: ModelConfig, params, batch: Trajectories, pairs: CrossPa
   """(S float32[R, N] summed reasoning log-probs under the current policy, lengths int32[R]).
 
   Reasonings are cut to their first `max_reasoning_tokens` tokens; padding rows get
-  length 0 and S = 0.
+  length 0 and S = 0. Columns with the same prompt (e.g. trajectory draws of first
+  turns of one group) are scored once and copied.
   """
   reasoning_RZ, length_R = gather_reasoning(batch.tokens, batch, pairs.row_episode, pairs.row_turn,
                                             max_reasoning_tokens)
   length_R = jnp.where(pairs.row_mask, length_R, 0)
-  prompts_NP, prompt_len_N = gather_prompts(batch, pairs.col_episode, pairs.col_turn, prompt_window)
-  sum_logp_RN = cross_logp(config, params, prompts_NP, prompt_len_N, reasoning_RZ, length_R,
-                           block_tokens=block_tokens, columns_per_step=columns_per_step,
-                           rows_per_step=rows_per_step)
-  return sum_logp_RN, length_R
+  # Each column's representative is the first column with its prompt; representatives go first.
+  representative_N = jnp.argmax(prompt_equivalence(batch, pairs), axis=0)
+  distinct_N = representative_N == jnp.arange(representative_N.shape[0])
+  order_N = jnp.argsort(~distinct_N, stable=True)
+  slot_N = jnp.argsort(order_N)  # where each column went in `order_N`
+  prompts_NP, prompt_len_N = gather_prompts(batch, pairs.col_episode[order_N], pairs.col_turn[order_N],
+                                            prompt_window)
+  distinct_logp_RN = cross_logp(config, params, prompts_NP, prompt_len_N, reasoning_RZ, length_R,
+                                num_columns=jnp.sum(distinct_N), block_tokens=block_tokens,
+                                columns_per_step=columns_per_step, rows_per_step=rows_per_step)
+  return distinct_logp_RN[:, slot_N[representative_N]], length_R

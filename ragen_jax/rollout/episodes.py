@@ -57,11 +57,8 @@ def build_assets(tokenizer, env, env_params, config: RolloutConfig, table_size: 
 
 def reasoning_length(vocab: env_text.VocabTable, ids_N, length) -> jax.Array:
   """Tokens of a reply strictly before the token where `</think>` starts (0 if absent)."""
-  chars, count = env_text._token_chars(vocab, ids_N, length)
-  at, found = env_text._find(chars, count, prompt.THINK_CLOSE, jnp.int32(0))
-  token_len = jnp.where(jnp.arange(ids_N.shape[0]) < length, vocab.len_V[jnp.clip(ids_N, 0, vocab.len_V.shape[0] - 1)], 0)
-  token_of_byte = jnp.sum(jnp.cumsum(token_len) <= at)
-  return jnp.where(found, token_of_byte, 0).astype(jnp.int32)
+  index, found = env_text.find_token(vocab, ids_N, length, prompt.THINK_CLOSE)
+  return jnp.where(found, index, 0).astype(jnp.int32)
 
 
 @flax.struct.dataclass

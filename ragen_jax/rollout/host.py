@@ -108,9 +108,26 @@ _turn_chunks = jax.jit(jax.vmap(prompt.turn_chunk, in_axes=(None, 0, 0, None, 0,
 _reasoning_lengths = jax.jit(jax.vmap(reasoning_length, in_axes=(None, 0, 0)))
 
 
-def host_rollout(model: Model, env, env_params, assets: RolloutAssets, config: RolloutConfig, seeds_B, group_ids_B,
+def reprefill_policy(model: Model, config: RolloutConfig, assets: RolloutAssets):
+  """The sampler as a host policy: every call prefills each whole history from scratch."""
+
+  def policy(histories, active, env_state, key):
+    del env_state
+    max_len = max(map(len, histories)) + config.max_new_tokens
+    session = SamplingSession.start(model, histories, max_len=-(-max_len // 8) * 8)
+    return session.generate(config.max_new_tokens, config.rule, key=key, stop_sequences=assets.stop_sequences,
+                            active=active)
+
+  return policy
+
+
+def host_rollout(policy, env, env_params, assets: RolloutAssets, config: RolloutConfig, seeds_B, group_ids_B,
                  key, seq_len: int) -> Trajectories:
-  """Plays the episodes turn by turn from the host, re-prefilling every history each turn."""
+  """Plays the episodes turn by turn from the host.
+
+  `policy(histories, active_B, env_state, key)` returns a `sampling.Generation` (or an
+  object with its fields) with one reply per row; `reprefill_policy` wraps the sampler.
+  """
   seeds_B = jnp.asarray(seeds_B, jnp.int32)
   batch = seeds_B.shape[0]
   env_state = reset_batch(env, env_params, seeds_B)
@@ -132,15 +149,11 @@ def host_rollout(model: Model, env, env_params, assets: RolloutAssets, config: R
     chunks, chunk_valid = np.asarray(chunks), np.asarray(chunk_valid)
     for i in np.flatnonzero(~done):
       records[i].add_prompt(chunks[i][chunk_valid[i]], turn)
-    histories = [r.tokens for r in records]
-    max_len = max(map(len, histories)) + config.max_new_tokens
-    session = SamplingSession.start(model, histories, max_len=-(-max_len // 8) * 8)
     sample_key, env_key = jax.random.split(turn_keys[turn])
-    gen = session.generate(config.max_new_tokens, config.rule, key=sample_key, stop_sequences=assets.stop_sequences,
-                           active=~done)
-    outcome = _act(env, env_params, assets, config, env_key, env_state, gen.tokens_BN, gen.lengths_B,
-                   jnp.asarray(~done), jnp.asarray(actions_left))
-    think = np.asarray(_reasoning_lengths(assets.vocab, gen.tokens_BN, gen.lengths_B))
+    gen = policy([r.tokens for r in records], ~done, env_state, sample_key)
+    outcome = _act(env, env_params, assets, config, env_key, env_state, jnp.asarray(gen.tokens_BN),
+                   jnp.asarray(gen.lengths_B), jnp.asarray(~done), jnp.asarray(actions_left))
+    think = np.asarray(_reasoning_lengths(assets.vocab, jnp.asarray(gen.tokens_BN), jnp.asarray(gen.lengths_B)))
     tokens, lengths, logp = (np.asarray(x) for x in (gen.tokens_BN, gen.lengths_B, gen.model_logp_BN))
     turn_reward, format_ok, executed = (np.asarray(x) for x in (outcome.reward, outcome.format_ok,
                                                                  outcome.num_actions))

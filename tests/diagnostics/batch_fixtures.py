@@ -92,8 +92,9 @@ def make_batch(episodes: list[Episode], seq_len: int, max_turns: int) -> Traject
 
 def random_episodes(rng: np.random.Generator, num_groups: int, group_size: int, max_turns: int, vocab: int,
                     prompt_len=(4, 9), reasoning_len=(0, 7), answer_len=(1, 3), obs_len=(2, 5),
-                    open_share: float = 0.15) -> list[Episode]:
-  """Groups share their first prompt; turn counts, replies and observations vary per episode.
+                    open_share: float = 0.15, min_turns: int = 1) -> list[Episode]:
+  """Groups share their first prompt; turn counts (min_turns..max_turns), replies and
+  observations vary per episode; lengths are drawn uniformly from the (low, high) ranges.
 
   Token ids are drawn from [4, vocab); about `open_share` of replies never close `<think>`.
   """
@@ -103,6 +104,6 @@ def random_episodes(rng: np.random.Generator, num_groups: int, group_size: int, 
     prompt = draw(prompt_len)
     for _ in range(group_size):
       turns = [Turn(draw(reasoning_len), draw(answer_len), closed=rng.random() > open_share)
-               for _ in range(rng.integers(1, max_turns + 1))]
+               for _ in range(rng.integers(min_turns, max_turns + 1))]
       episodes.append(Episode(g, prompt, turns, [draw(obs_len) for _ in turns[1:]], score=float(rng.normal())))
   return episodes

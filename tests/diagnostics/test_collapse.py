@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax.sharding import NamedSharding, PartitionSpec
 
 from ragen_jax.diagnostics import ZscoreEMA, update_zscore_ema
 from ragen_jax.diagnostics.collapse import (CollapseConfig, init_diagnostics_state, make_diagnostics_fn,
@@ -83,9 +84,15 @@ def diagnostics():
   return jax.jit(make_diagnostics_fn(CONFIG, DIAG, GROUPS, GROUP_SIZE))
 
 
+def initial_state(params):
+  """`init_diagnostics_state` placed as the jitted step returns it (so the step compiles once)."""
+  mesh = jax.tree.leaves(params)[0].sharding.mesh
+  return jax.device_put(init_diagnostics_state(DIAG), NamedSharding(mesh, PartitionSpec()))
+
+
 def run(diagnostics, params, batch, state=None, key=0):
   logp, entropy = forward(params, batch.tokens, batch.valid)
-  return diagnostics(params, state or init_diagnostics_state(DIAG), batch, logp, entropy, jax.random.key(key))
+  return diagnostics(params, state or initial_state(params), batch, logp, entropy, jax.random.key(key))
 
 
 def ideal_mi(episodes, draws):
@@ -138,7 +145,7 @@ def test_policy_that_ignores_the_prompt_has_zero_mi_and_chance_retrieval(diagnos
 def test_compute_freq_skips_with_zeros_and_keeps_the_ema(diagnostics, copying_params):
   params = copying_params  # any policy; this one is already placed like the other tests' (no recompile)
   batch = make_batch(random_episodes(np.random.default_rng(2), GROUPS, GROUP_SIZE, TURNS, vocab=32), SEQ_LEN, TURNS)
-  state = jax.device_put(init_diagnostics_state(DIAG), jax.devices()[0])  # placed like the step's output
+  state = initial_state(params)
   computed, ema = [], {k: ZscoreEMA.init() for k in state["zscore_ema"]}
   for step in range(3):
     state, metrics = run(diagnostics, params, batch, state, key=step)

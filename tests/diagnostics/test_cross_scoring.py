@@ -87,7 +87,8 @@ def test_score_pairs_reads_prompts_and_reasonings_off_the_packed_batch(tiny):
   batch = make_batch(episodes, seq_len=64, max_turns=3)
   cells = [(b, k) for b, e in enumerate(episodes) for k in range(len(e.turns)) if e.turn_texts()[k][1]]
   rows = cells[:6]
-  cols = cells[-4:]
+  cols = cells[-3:] + [(0, 0), cells[-2], (1, 0)]  # repeats: the same cell, a group's shared first prompt
+  assert episodes[0].group == episodes[1].group
   pairs = xs.CrossPairs(row_episode=jnp.asarray([b for b, _ in rows]), row_turn=jnp.asarray([k for _, k in rows]),
                         row_mask=jnp.ones(len(rows), bool), col_episode=jnp.asarray([b for b, _ in cols]),
                         col_turn=jnp.asarray([k for _, k in cols]), own_col=jnp.zeros(len(rows), jnp.int32))

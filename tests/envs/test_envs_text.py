@@ -47,6 +47,11 @@ FRAGMENTS = [
 ]  # fmt: skip
 
 
+def noise(rng, most: int) -> str:
+  """Up to `most` - 1 random fragments."""
+  return "".join(rng.choice(FRAGMENTS, size=rng.integers(0, most)))
+
+
 def device_parse(vocab, texts_or_ids, names, max_actions, keep_unknown=False):
   """Parse a batch on device; each item is a str (natively encoded) or a list of ids."""
   ids = [vocab.tokenizer.encode(t, add_special_tokens=False) if isinstance(t, str) else t for t in texts_or_ids]
@@ -82,7 +87,7 @@ def test_token_bytes_decode_like_the_tokenizer(tokenizer, vocab):
 
 def test_encode_reproduces_text_exactly(tokenizer, vocab, rng):
   for _ in range(200):
-    s = "x" + "".join(rng.choice(FRAGMENTS, size=rng.integers(0, 12)))
+    s = "x" + noise(rng, 12)
     ids = vocab.encode(s)
     assert vocab.decode_bytes(ids) == s.encode()
     assert tokenizer.decode(ids) == s
@@ -122,17 +127,19 @@ def test_parse_cases_host_and_device(vocab, case):
 
 
 def random_answer(rng) -> str:
-  """An answer-like string: noise, then a block of random pieces, maybe unclosed."""
-  noise = lambda: "".join(rng.choice(FRAGMENTS, size=rng.integers(0, 4)))  # noqa: E731
-  words = NAMES + TOGGLES + ("jump", "", "\u221a")
-  pieces = [rng.choice([" ", "", "\n"]) + str(rng.choice(words)).upper() * int(rng.integers(0, 2)) for _ in range(4)]
-  pieces = [p if rng.random() < 0.5 else p.lower() + " " for p in pieces[: rng.integers(0, 5)]]
+  """Noise, then an answer block of up to 4 pieces (names in any case, junk), maybe unclosed."""
+  pieces = []
+  for _ in range(rng.integers(0, 5)):
+    word = str(rng.choice(NAMES + TOGGLES + ("jump", "", "\u221a")))
+    word = word.upper() if rng.random() < 0.3 else word.lower() if rng.random() < 0.5 else word
+    pieces.append(str(rng.choice([" ", "", "\n"])) + word + str(rng.choice(["", " ", "\t"])))
+  separator = str(rng.choice(["||", " || ", "|||"]))
   close = "</answer>" if rng.random() < 0.9 else ""
-  return noise() + "<answer>" + str(rng.choice(["||", " || ", "|||"])).join(pieces) + close + noise()
+  return noise(rng, 4) + "<answer>" + separator.join(pieces) + close + noise(rng, 4)
 
 
 def test_parse_fuzz_host_device_agree(vocab, rng):
-  texts = ["".join(rng.choice(FRAGMENTS, size=rng.integers(0, 16))) for _ in range(200)]
+  texts = [noise(rng, 16) for _ in range(200)]
   texts += [random_answer(rng) for _ in range(300)]
   random_ids = [rng.integers(0, len(vocab.token_bytes), size=rng.integers(0, 24)).tolist() for _ in range(100)]
   answer_ids = vocab.tokenizer.encode("<answer>", add_special_tokens=False)
@@ -163,7 +170,7 @@ def test_find_token_locates_the_token_holding_the_pattern(vocab, rng):
   find = jax.jit(text.find_token, static_argnums=3)
   outcomes = set()
   for _ in range(40):
-    ids = vocab.encode("".join(rng.choice(FRAGMENTS, size=rng.integers(0, 12))))
+    ids = vocab.encode(noise(rng, 12))
     padded = jnp.zeros(64, jnp.int32).at[: len(ids)].set(jnp.array(ids, jnp.int32))
     index, found = find(vocab.table, padded, jnp.int32(len(ids)), "</think>")
     at = vocab.decode_bytes(ids).find(b"</think>")

@@ -11,7 +11,7 @@ from envs import text as env_text
 from ragen_jax.rollout import prompt
 from ragen_jax.rollout.device import device_rollout, slot_layout
 from ragen_jax.rollout.episodes import train_seeds
-from ragen_jax.rollout.host import host_rollout
+from ragen_jax.rollout.host import host_rollout, reprefill_policy
 from tests.conftest import REPLY
 
 
@@ -23,8 +23,8 @@ def both_paths(replying_model, sokoban, assets, greedy_config):
   model = replying_model
   device = device_rollout(model.config, model.params, env, env_params, assets, greedy_config, seeds, groups,
                           jax.random.key(7))
-  host = host_rollout(model, env, env_params, assets, greedy_config, seeds, groups, jax.random.key(7),
-                      seq_len=slot_layout(assets, greedy_config)[2])
+  host = host_rollout(reprefill_policy(model, greedy_config, assets), env, env_params, assets, greedy_config, seeds,
+                      groups, jax.random.key(7), seq_len=slot_layout(assets, greedy_config)[2])
   return jax.device_get(device), jax.device_get(host)
 
 

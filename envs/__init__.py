@@ -1,0 +1,30 @@
+"""On-device environments for multi-turn agent RL (pure JAX, gymnax style).
+
+    env, params = envs.make("sokoban", dim_room=(7, 7))
+    obs, state = env.reset(key, params)
+    obs, state, reward, done, info = env.step(key, state, action, params)
+
+Every function above is pure, jits and vmaps. Each env also renders its
+observation straight to token ids (`env.render_tokens`) and answers are parsed
+on device (`envs.text.parse_actions`); see `envs.text` and `envs.core`.
+"""
+from envs.bandit import Bandit
+from envs.core import Environment
+from envs.frozenlake import FrozenLake
+from envs.lightsout import LightsOut
+from envs.sokoban import Sokoban
+
+REGISTRY: dict[str, type[Environment]] = {
+  "sokoban": Sokoban,
+  "frozenlake": FrozenLake,
+  "bandit": Bandit,
+  "lightsout": LightsOut,
+}
+
+
+def make(name: str, **overrides):
+  """(env, params) for a registered environment; overrides replace default params."""
+  if name not in REGISTRY:
+    raise ValueError(f"unknown environment {name!r}; known: {sorted(REGISTRY)}")
+  env = REGISTRY[name]()
+  return env, env.make_params(**overrides)

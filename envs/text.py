@@ -1,0 +1,416 @@
+"""Text I/O for environments: token tables, on-device rendering and answer parsing.
+
+Three pieces, all built once on the host from a real `transformers` tokenizer:
+
+* `Vocab` knows the bytes every token id stands for (`Vocab.table`, a device
+  `VocabTable`). The device parser works on those bytes, so it does not care how
+  the model split `<answer>` or an action name into tokens.
+* `compile_template` turns an environment's *template* into a `TextTable`. A
+  template is a tuple of slots; each slot is a tuple of candidate strings. An
+  observation is one candidate per slot (or nothing), concatenated. Every
+  distinct candidate is tokenised once on the host; `render_slots` concatenates
+  their token ids on device into a fixed-size, padded array.
+* `parse_actions` reads one generated turn on device and returns the action ids
+  in its `<answer> ... </answer>` block. `parse_actions_text` is the host-side
+  reference with the same rules, written with `re` and `str` methods.
+
+Tokenisation: rendered ids decode (`tokenizer.decode`) to exactly the host text,
+but they are the concatenation of per-fragment tokenisations (each grid cell,
+coordinate and fixed phrase is tokenised alone), so they may differ from
+`tokenizer.encode(text)` of the whole observation. Fragments whose natural
+encoding does not reproduce their bytes (e.g. SentencePiece adding a leading
+"▁") are re-encoded by greedy longest match over the vocabulary. (SentencePiece
+decoders drop a space at the very start of a decoded text; no observation
+starts with one.)
+
+Answer grammar (RAGEN's `<answer>(.*?)</answer>` plus its action lookup):
+the first `<answer>` that is followed by a `</answer>` opens the block, the
+first `</answer>` after it closes it; the content is split on `||` (left to
+right, non-overlapping, like `str.split`); each piece is stripped of ASCII
+whitespace (" \\t\\n\\r\\v\\f" and \\x1c-\\x1f) and empty pieces are dropped;
+the first `max_actions` pieces are kept; each is matched against the action
+names ignoring ASCII case. Unknown names are dropped, and the turn is invalid
+(format penalty) when there is no block, no piece, or any kept piece is
+unknown. With `keep_unknown=True` (environments whose `step` itself punishes
+bad actions, like LightsOut) unknown pieces stay in place as id -1 and only a
+missing or empty block is invalid. Tags inside the block are not stripped:
+`<answer>Up<think></answer>` has one unknown action. Non-ASCII whitespace is
+not stripped and non-ASCII letters are not case-folded.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import re
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+ANSWER_OPEN = "<answer>"
+ANSWER_CLOSE = "</answer>"
+ACTION_SEP = "||"
+WHITESPACE = " \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"  # the ASCII chars with str.isspace()
+
+_METASPACE = "\u2581"
+_SENTENCEPIECE_DECODERS = {"Metaspace", "ByteFallback", "Fuse", "Strip"}
+_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+# --------------------------------------------------------------------------- vocab
+
+
+@struct.dataclass
+class VocabTable:
+  """Bytes of every token id, for parsing on device.
+
+  bytes_VB: uint8[V, B] UTF-8 bytes of token v, zero-padded.
+  len_V: int32[V] number of valid bytes (0 for ids the tokenizer does not know).
+  """
+
+  bytes_VB: jax.Array
+  len_V: jax.Array
+
+
+def _gpt2_byte_decoder() -> dict[str, int]:
+  """Inverse of GPT-2's bytes_to_unicode: printable stand-in char -> byte."""
+  printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+  chars, extra = {}, 0
+  for b in range(256):
+    if b in printable:
+      chars[chr(b)] = b
+    else:
+      chars[chr(256 + extra)] = b
+      extra += 1
+  return chars
+
+
+def _decoder_types(node) -> set[str]:
+  if node is None:
+    return set()
+  if node["type"] == "Sequence":
+    return set().union(*(_decoder_types(d) for d in node["decoders"]))
+  if node["type"] == "Replace":
+    if node["pattern"].get("String") == _METASPACE and node["content"] == " ":
+      return {"Metaspace"}
+    return {"Replace"}
+  return {node["type"]}
+
+
+def token_bytes(tokenizer) -> list[bytes]:
+  """Bytes each token id contributes to a decoded text (mid-sequence).
+
+  Supports byte-level BPE (GPT-2, Llama-3, SmolLM, Qwen) and SentencePiece-style
+  tokenizers (Metaspace "▁" and `<0xNN>` byte fallback). Others raise ValueError.
+  """
+  backend = tokenizer.backend_tokenizer
+  types = _decoder_types(json.loads(backend.to_str())["decoder"])
+  byte_level = "ByteLevel" in types
+  if not byte_level and not (types and types <= _SENTENCEPIECE_DECODERS):
+    raise ValueError(
+      f"unsupported tokenizer decoder {sorted(types) or 'None'}: on-device text needs a decoder "
+      "that concatenates token bytes (byte-level BPE or SentencePiece-style)"
+    )
+  added = {i: t.content for i, t in tokenizer.added_tokens_decoder.items()}
+  byte_decoder = _gpt2_byte_decoder()
+  out = []
+  for i in range(backend.get_vocab_size(with_added_tokens=True)):
+    piece = backend.id_to_token(i)
+    if i in added or piece is None:
+      out.append((added.get(i) or "").encode())
+    elif byte_level:
+      out.append(bytes(byte_decoder[c] for c in piece) if all(c in byte_decoder for c in piece) else piece.encode())
+    elif "ByteFallback" in types and _BYTE_FALLBACK.fullmatch(piece):
+      out.append(bytes([int(piece[3:5], 16)]))
+    else:
+      out.append((piece.replace(_METASPACE, " ") if "Metaspace" in types else piece).encode())
+  return out
+
+
+class Vocab:
+  """A tokenizer seen as byte strings; built once on the host.
+
+  `table_size` pads the device table for models whose embedding is larger
+  than the tokenizer (ids past the tokenizer decode to nothing).
+  """
+
+  def __init__(self, tokenizer, table_size: int | None = None):
+    self.tokenizer = tokenizer
+    self.token_bytes = token_bytes(tokenizer)
+    size = max(table_size or 0, len(self.token_bytes))
+    special = {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
+    backend = tokenizer.backend_tokenizer
+    fallback = {i for i in range(len(self.token_bytes)) if _BYTE_FALLBACK.fullmatch(backend.id_to_token(i) or "")}
+    self._id_of_bytes: dict[bytes, int] = {}  # for greedy encoding: no special tokens, byte fallback last
+    for i in sorted(range(len(self.token_bytes)), key=lambda i: i in fallback):
+      if self.token_bytes[i] and i not in special:
+        self._id_of_bytes.setdefault(self.token_bytes[i], i)
+    self._max_len = max(len(b) for b in self.token_bytes)
+    width = max(self._max_len, 1)
+    bytes_VB = np.zeros((size, width), np.uint8)
+    len_V = np.zeros((size,), np.int32)
+    for i, b in enumerate(self.token_bytes):
+      bytes_VB[i, : len(b)] = np.frombuffer(b, np.uint8)
+      len_V[i] = len(b)
+    self.table = VocabTable(bytes_VB=jnp.asarray(bytes_VB), len_V=jnp.asarray(len_V))
+
+  def decode_bytes(self, ids: Sequence[int]) -> bytes:
+    return b"".join(self.token_bytes[i] if 0 <= i < len(self.token_bytes) else b"" for i in ids)
+
+  def encode(self, text: str) -> list[int]:
+    """Ids whose bytes are exactly `text`: the tokenizer's own encoding when it
+    round-trips, else greedy longest match over the vocabulary."""
+    data = text.encode()
+    ids = self.tokenizer.encode(text, add_special_tokens=False)
+    if self.decode_bytes(ids) == data:
+      return list(ids)
+    ids, pos = [], 0
+    while pos < len(data):
+      for size in range(min(self._max_len, len(data) - pos), 0, -1):
+        token = self._id_of_bytes.get(data[pos : pos + size])
+        if token is not None:
+          break
+      else:
+        raise ValueError(f"tokenizer has no token for byte {data[pos]:#04x} of {text!r}")
+      ids.append(token)
+      pos += size
+    return ids
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+@struct.dataclass
+class TextTable:
+  """One environment's observation template, tokenised for one tokenizer.
+
+  fragment_ids_FL: int32[F, L] token ids of each distinct candidate string.
+  fragment_len_F: int32[F] number of ids of each fragment.
+  slot_fragments_SC: int32[S, C] fragment of candidate c in slot s (-1 padding).
+  max_tokens: static bound on a rendered observation's length.
+  """
+
+  fragment_ids_FL: jax.Array
+  fragment_len_F: jax.Array
+  slot_fragments_SC: jax.Array
+  max_tokens: int = struct.field(pytree_node=False)
+
+
+Template = tuple[tuple[str, ...], ...]
+
+
+def compile_template(vocab: Vocab, slots: Template) -> TextTable:
+  """Tokenise every candidate of every slot once (host side)."""
+  index: dict[str, int] = {}
+  for slot in slots:
+    for text in slot:
+      index.setdefault(text, len(index))
+  encoded = [vocab.encode(text) for text in index]
+  width = max(1, *(len(ids) for ids in encoded))
+  fragment_ids = np.zeros((len(encoded), width), np.int32)
+  for f, ids in enumerate(encoded):
+    fragment_ids[f, : len(ids)] = ids
+  fragment_len = np.array([len(ids) for ids in encoded], np.int32)
+  slot_fragments = np.full((len(slots), max(len(s) for s in slots)), -1, np.int32)
+  for s, slot in enumerate(slots):
+    slot_fragments[s, : len(slot)] = [index[text] for text in slot]
+  max_tokens = int(sum(max(fragment_len[index[t]] for t in slot) for slot in slots))
+  return TextTable(
+    fragment_ids_FL=jnp.asarray(fragment_ids),
+    fragment_len_F=jnp.asarray(fragment_len),
+    slot_fragments_SC=jnp.asarray(slot_fragments),
+    max_tokens=max_tokens,
+  )
+
+
+def render_slots(table: TextTable, choice_S: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Concatenate the chosen candidate of each slot (-1: skip the slot).
+
+  Returns (ids int32[max_tokens] zero-padded, length int32).
+  """
+  num_slots, width = table.slot_fragments_SC.shape[0], table.fragment_ids_FL.shape[1]
+  fragment_S = table.slot_fragments_SC[jnp.arange(num_slots), jnp.maximum(choice_S, 0)]
+  fragment_S = jnp.where(choice_S >= 0, fragment_S, -1)
+  safe_S = jnp.maximum(fragment_S, 0)
+  len_S = jnp.where(fragment_S >= 0, table.fragment_len_F[safe_S], 0)
+  start_S = jnp.cumsum(len_S) - len_S
+  offset_L = jnp.arange(width)
+  dest_SL = jnp.where(offset_L < len_S[:, None], start_S[:, None] + offset_L, table.max_tokens)
+  ids = jnp.zeros((table.max_tokens,), jnp.int32)
+  ids = ids.at[dest_SL.ravel()].set(table.fragment_ids_FL[safe_S].ravel(), mode="drop")
+  return ids, jnp.sum(len_S).astype(jnp.int32)
+
+
+def coordinate_texts(rows: int, cols: int, prefix: str = "") -> tuple[str, ...]:
+  """`prefix + "(r, c)"` for every cell, in row-major (flat index) order."""
+  return tuple(f"{prefix}({r}, {c})" for r in range(rows) for c in range(cols))
+
+
+def coordinate_list(mask_HW: np.ndarray) -> str:
+  """Host: "(r, c), (r, c)" for the True cells of a mask, row-major (RAGEN's layout)."""
+  return ", ".join(f"({r}, {c})" for r, c in np.argwhere(mask_HW))
+
+
+def coordinate_list_slots(rows: int, cols: int, count: int) -> Template:
+  """Slots for up to `count` coordinates joined by ", " (choice = flat index)."""
+  return (coordinate_texts(rows, cols),) + (coordinate_texts(rows, cols, ", "),) * (count - 1)
+
+
+def grid_slots(rows: int, cols: int, symbols: Sequence[str]) -> Template:
+  """Slots for a symbol grid, rows joined by "\\n" (choices from `grid_choices`)."""
+  row = (tuple(symbols),) * cols
+  return row + sum((((("\n",),) + row) for _ in range(rows - 1)), ())
+
+
+def grid_choices(codes_HW: jax.Array) -> jax.Array:
+  """Slot choices for `grid_slots`: symbol codes with the newline slots between rows."""
+  rows = codes_HW.shape[0]
+  with_newline = jnp.concatenate([jnp.zeros((rows, 1), jnp.int32), codes_HW.astype(jnp.int32)], axis=1)
+  return with_newline.ravel()[1:]
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def action_name_table(names: Sequence[str], width: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+  """Lower-cased ASCII bytes of action names: (uint8[A, L], int32[A])."""
+  for name in names:
+    if not name or not name.isascii() or name != name.strip(WHITESPACE) or ACTION_SEP in name:
+      raise ValueError(f"action name {name!r} must be non-empty ASCII, unpadded and free of {ACTION_SEP!r}")
+  width = width or max(len(n) for n in names)
+  chars = np.zeros((len(names), width), np.uint8)
+  for a, name in enumerate(names):
+    chars[a, : len(name)] = np.frombuffer(name.lower().encode(), np.uint8)
+  return chars, np.array([len(n) for n in names], np.int32)
+
+
+@struct.dataclass
+class ParsedActions:
+  """One turn's answer. actions_K: int32[K] action ids, -1 past n_actions
+  (and for unknown names when keep_unknown); valid: False means format penalty."""
+
+  actions_K: jax.Array
+  n_actions: jax.Array
+  valid: jax.Array
+
+
+def _ascii_lower(text: str) -> str:
+  return text.translate({c: c + 32 for c in range(ord("A"), ord("Z") + 1)})
+
+
+def parse_actions_text(
+  text: str, action_names: Sequence[str], max_actions: int, keep_unknown: bool = False
+) -> tuple[list[int], bool]:
+  """Host reference parser (see module docstring): (action ids, valid)."""
+  match = re.search(re.escape(ANSWER_OPEN) + "(.*?)" + re.escape(ANSWER_CLOSE), text, re.DOTALL)
+  if match is None:
+    return [], False
+  pieces = [p.strip(WHITESPACE) for p in match.group(1).split(ACTION_SEP)]
+  pieces = [p for p in pieces if p][:max_actions]
+  lookup = {_ascii_lower(n): a for a, n in enumerate(action_names)}
+  ids = [lookup.get(_ascii_lower(p), -1) for p in pieces]
+  if keep_unknown:
+    return ids, bool(ids)
+  known = [a for a in ids if a >= 0]
+  return known, bool(ids) and len(known) == len(ids)
+
+
+def _token_lengths(vocab: VocabTable, ids_T: jax.Array, length: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(ids clipped into the table, byte count of each of ids_T[:length] (0 after it))."""
+  known_T = (jnp.arange(ids_T.shape[0]) < length) & (ids_T >= 0) & (ids_T < vocab.len_V.shape[0])
+  safe_T = jnp.where(known_T, ids_T, 0)
+  return safe_T, jnp.where(known_T, vocab.len_V[safe_T], 0)
+
+
+def _token_chars(vocab: VocabTable, ids_T: jax.Array, length: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Concatenated bytes of ids_T[:length] as uint8[T * B] (zero-padded) and their count."""
+  num_tokens, width = ids_T.shape[0], vocab.bytes_VB.shape[1]
+  safe_T, len_T = _token_lengths(vocab, ids_T, length)
+  start_T = jnp.cumsum(len_T) - len_T
+  size = num_tokens * width
+  offset_B = jnp.arange(width)
+  dest_TB = jnp.where(offset_B < len_T[:, None], start_T[:, None] + offset_B, size)
+  chars = jnp.zeros((size,), jnp.uint8).at[dest_TB.ravel()].set(vocab.bytes_VB[safe_T].ravel(), mode="drop")
+  return chars, jnp.sum(len_T)
+
+
+def _find(chars_C: jax.Array, count: jax.Array, pattern: str, start: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """First index >= start where `pattern` occurs within chars[:count]; (index, found)."""
+  size, data = chars_C.shape[0], pattern.encode()
+  padded = jnp.concatenate([chars_C, jnp.zeros((len(data),), jnp.uint8)])
+  position = jnp.arange(size)
+  hit = (position >= start) & (position + len(data) <= count)
+  for k, byte in enumerate(data):
+    hit &= padded[k : k + size] == byte
+  index = jnp.argmax(hit)
+  return index, hit[index]
+
+
+def find_token(vocab: VocabTable, ids_T: jax.Array, length: jax.Array, pattern: str) -> tuple[jax.Array, jax.Array]:
+  """Jittable: (index of the token where `pattern` first starts in ids_T[:length], found)."""
+  chars, count = _token_chars(vocab, ids_T, length)
+  at, found = _find(chars, count, pattern, jnp.int32(0))
+  _, len_T = _token_lengths(vocab, ids_T, length)
+  return jnp.sum(jnp.cumsum(len_T) <= at).astype(jnp.int32), found
+
+
+def _shift_right(x: jax.Array, fill) -> jax.Array:
+  return jnp.concatenate([jnp.full((1,), fill, x.dtype), x[:-1]])
+
+
+@functools.partial(jax.jit, static_argnames=("max_actions", "keep_unknown"))
+def parse_actions(
+  vocab: VocabTable,
+  ids_T: jax.Array,
+  length: jax.Array,
+  names_AL: jax.Array,
+  names_len_A: jax.Array,
+  max_actions: int,
+  keep_unknown: bool = False,
+) -> ParsedActions:
+  """Device parser for one turn's generated ids (vmap for a batch); see module docstring.
+
+  names_AL/names_len_A come from `action_name_table` (or an env's
+  `action_name_table(state, params)`). Works on the turn's bytes, a buffer of
+  T x (longest token in bytes) characters.
+  """
+  chars, count = _token_chars(vocab, ids_T, length)
+  position = jnp.arange(chars.shape[0])
+  open_at, has_open = _find(chars, count, ANSWER_OPEN, jnp.int32(0))
+  begin = open_at + len(ANSWER_OPEN)
+  end, has_close = _find(chars, count, ANSWER_CLOSE, begin)
+  found = has_open & has_close
+  content = found & (position >= begin) & (position < end)
+
+  bar = content & (chars == ord("|"))
+  bars_before = position - jax.lax.cummax(jnp.where(bar, -1, position)) - 1
+  sep_start = bar & jnp.concatenate([bar[1:], jnp.zeros((1,), bool)]) & (bars_before % 2 == 0)
+  separator = sep_start | _shift_right(sep_start, False)
+  blank = jnp.isin(chars, jnp.frombuffer(WHITESPACE.encode(), np.uint8))
+  word = content & ~separator & ~blank
+  piece = jnp.cumsum(sep_start)
+  previous_word = _shift_right(jax.lax.cummax(jnp.where(word, position, -1)), -1)
+  first = word & ((previous_word < 0) | (piece[jnp.maximum(previous_word, 0)] != piece))
+  rank = jnp.cumsum(first) - 1
+  kept = jnp.minimum(jnp.sum(first), max_actions)
+
+  slot = jnp.where(word & (rank < max_actions), rank, max_actions)
+  start_K = jax.ops.segment_min(position, slot, max_actions + 1)[:max_actions]
+  stop_K = jax.ops.segment_max(position, slot, max_actions + 1)[:max_actions]
+  width = names_AL.shape[1]
+  gathered_KL = chars[jnp.clip(start_K[:, None] + jnp.arange(width), 0, chars.shape[0] - 1)]
+  lower_KL = jnp.where((gathered_KL >= ord("A")) & (gathered_KL <= ord("Z")), gathered_KL + 32, gathered_KL)
+  same_KAL = (lower_KL[:, None, :] == names_AL[None]) | (jnp.arange(width) >= names_len_A[:, None])[None]
+  match_KA = jnp.all(same_KAL, axis=-1) & ((stop_K - start_K + 1)[:, None] == names_len_A[None])
+  in_kept = jnp.arange(max_actions) < kept
+  id_K = jnp.where(in_kept & jnp.any(match_KA, -1), jnp.argmax(match_KA, -1), -1).astype(jnp.int32)
+
+  if keep_unknown:
+    return ParsedActions(actions_K=id_K, n_actions=kept.astype(jnp.int32), valid=found & (kept > 0))
+  known = id_K >= 0
+  dest = jnp.where(known, jnp.cumsum(known) - 1, max_actions)
+  actions = jnp.full((max_actions,), -1, jnp.int32).at[dest].set(id_K, mode="drop")
+  n_known = jnp.sum(known).astype(jnp.int32)
+  return ParsedActions(actions_K=actions, n_actions=n_known, valid=found & (kept > 0) & (n_known == kept))

@@ -1,0 +1,130 @@
+"""`python -m ragen_jax.demo [--config=configs/demo.py]`: the whole method on CPU.
+
+1. train a tokenizer on environment text; 2. SFT a tiny model on solver
+demonstrations; 3. RL with SNR-Aware Filtering and collapse diagnostics on each
+environment; 4. a report with plots in the run directory.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import envs
+from ragen_jax import config as config_lib
+from ragen_jax.demo.demonstrations import corpus, solver_policy
+from ragen_jax.models import init_params
+from ragen_jax.models.hf_io import export_hf
+from ragen_jax.models.scratch import scratch_config
+from ragen_jax.models.tokenizer import train_tokenizer
+from ragen_jax.report.summary import write_report
+from ragen_jax.rollout import prompt
+from ragen_jax.rollout.device import slot_layout
+from ragen_jax.rollout.episodes import build_assets, reset_batch, train_seeds
+from ragen_jax.rollout.host import host_rollout
+from ragen_jax.sft import fit
+from ragen_jax.train import Trainer, build_experiment, rollout_config_from
+
+DEMO_SEED_BASE = 50_000  # demonstration seeds, apart from training (10000+) and validation (123+)
+
+
+def _log(message: str):
+  print(f"[demo {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def build_tokenizer(config, env_names, out_dir):
+  texts = []
+  for name in env_names:
+    env, params = envs.make(name)
+    texts += corpus(env, params, reset_batch(env, params, jnp.arange(200)), 200)
+    texts += [prompt.system_text(env.instruction_text(params, config.rollout.max_actions_per_traj)),
+              prompt.user_text(0, "", 8, config.rollout.max_new_tokens), "Reward:\n-0.1\n"] * 20
+    texts += [f"player ({r}, {c}), box ({c}, {r}), target ({r}, {r}), goal ({c}, {c}), holes near none. So: "
+              f"{a} || {b}.</think><answer>{a} || {b}</answer>" for r in range(6) for c in range(6)
+              for a, b in [("Up", "Left"), ("Down", "Right"), ("Left", "Down"), ("Right", "Up")]]
+  return train_tokenizer(texts, config.demo.vocab_size, out_dir)
+
+
+def demonstrations(config, env_name, tokenizer):
+  """(token ids, loss mask) pairs of solver episodes in the exact rollout layout."""
+  env, params = envs.make(env_name)
+  rollout = rollout_config_from(config)
+  assets = build_assets(tokenizer, env, params, rollout)
+  policy = solver_policy(env_name, env.action_names(params), tokenizer, rollout.max_new_tokens,
+                         rollout.max_actions_per_turn, config.demo.mistake_rate, seed=config.seed)
+  count = config.demo.sft_episodes
+  traj = host_rollout(policy, env, params, assets, rollout, np.arange(DEMO_SEED_BASE, DEMO_SEED_BASE + count),
+                      np.arange(count), jax.random.PRNGKey(config.seed), seq_len=slot_layout(assets, rollout)[2])
+  examples = [(traj.tokens[i][traj.valid[i]].tolist(), traj.loss_mask[i][traj.valid[i]].tolist())
+              for i in range(count)]
+  return examples, float(np.mean(traj.success))
+
+
+def run(config):
+  env_names = config.demo.envs.split(",")
+  os.makedirs(config.workdir, exist_ok=True)
+  _log(f"training a tokenizer on {', '.join(env_names)} text")
+  tokenizer = build_tokenizer(config, env_names, os.path.join(config.workdir, "tokenizer"))
+  model_config = scratch_config(tokenizer, hidden_size=config.demo.hidden_size, num_layers=config.demo.num_layers,
+                                num_heads=config.demo.num_heads, num_kv_heads=config.demo.num_kv_heads)
+  params = init_params(model_config, jax.random.key(config.seed))
+  n_params = sum(x.size for x in jax.tree.leaves(params))
+  examples, demo_success = [], {}
+  for name in env_names:
+    env_examples, demo_success[name] = demonstrations(config, name, tokenizer)
+    examples += env_examples
+    _log(f"{len(env_examples)} {name} demonstrations (solver with mistakes solves {demo_success[name]:.0%})")
+  seq_len = -(-max(len(ids) for ids, _ in examples) // 64) * 64
+  _log(f"SFT of a {n_params / 1e6:.2f}M-parameter model for {config.demo.sft_steps} steps "
+       f"(sequences up to {seq_len} tokens)")
+  losses = []
+  params, sft_loss = fit(model_config, params, examples, seq_len=seq_len, steps=config.demo.sft_steps,
+                         batch_size=config.demo.sft_batch_size, lr=config.demo.sft_lr, seed=config.seed,
+                         on_step=lambda step, loss: losses.append(loss) if step % 25 == 24 else None)
+  _log("SFT loss every 25 steps: " + ", ".join(f"{float(x):.3f}" for x in losses))
+  sft_dir = os.path.join(config.workdir, "sft_model")
+  export_hf(params, model_config, sft_dir, tokenizer)
+
+  results = {}
+  for name in env_names:
+    rl_config = copy.deepcopy(config)
+    rl_config.env.name = name
+    rl_config.model.path = sft_dir
+    rl_config.workdir = os.path.join(config.workdir, name)
+    trainer = Trainer(build_experiment(rl_config))
+    start = trainer.validate()
+    _log(f"{name}: SFT policy validation success {start['val/success']:.3f}; RL for {config.train.iterations} "
+         f"iterations ({config.train.env_groups} groups x {config.train.group_size})")
+    final = trainer.run()
+    trainer.checkpointer.close()
+    export_hf(trainer.state.policy, trainer.exp.model.config, os.path.join(rl_config.workdir, "final_model"),
+              tokenizer)
+    results[name] = {"sft_val_success": start["val/success"], "final_val_success": final.get("val/success"),
+                     "best_val_success": trainer.best_val_success, "demo_success": demo_success[name],
+                     "final": final}
+    _log(f"{name}: validation success {start['val/success']:.3f} -> {final.get('val/success', float('nan')):.3f} "
+         f"(best {trainer.best_val_success:.3f})")
+  with open(os.path.join(config.workdir, "results.json"), "w") as f:
+    json.dump(results, f, indent=2)
+  report = write_report(config.workdir, env_names, results)
+  _log(f"report: {report}")
+  for name, r in results.items():
+    print(f"{name:>10s}: validation success after SFT {r['sft_val_success']:.3f} -> after RL "
+          f"{r['final_val_success']:.3f} (gain {r['final_val_success'] - r['sft_val_success']:+.3f})")
+  return results
+
+
+def main(config):
+  logging.getLogger().setLevel(logging.WARNING)
+  run(config)
+
+
+if __name__ == "__main__":
+  config_lib.run(main, default_config="configs/demo.py")
