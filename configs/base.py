@@ -35,6 +35,7 @@ def get_config():
   c.rollout.top_k = 0
   c.rollout.val_temperature = 0.5
   c.rollout.context_window_mode = "full"
+  c.rollout.max_model_len = 4096  # sequence length of host text-environment episodes
 
   c.train = ml_collections.ConfigDict()
   c.train.iterations = 400

@@ -28,8 +28,8 @@ def get_config():
   c.demo.sft_lr = 3e-3
   c.demo.mistake_rate = 0.3       # share of demonstration turns with one wrong move
 
-  c.rollout.max_turns = 4
-  c.rollout.max_new_tokens = 48
+  c.rollout.max_turns = 3
+  c.rollout.max_new_tokens = 32
   c.rollout.max_actions_per_traj = 8
 
   c.algorithm.preset = "grpo"

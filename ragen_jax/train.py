@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -18,6 +19,7 @@ import optax
 import transformers
 
 import envs
+from envs import host as host_envs
 from ragen_jax import config as config_lib
 from ragen_jax import mesh as mesh_lib
 from ragen_jax.checkpoint import Checkpointer, abstract_like
@@ -31,6 +33,7 @@ from ragen_jax.rl.presets import preset
 from ragen_jax.rl.update import FilterConfig, TrainState, UpdateConfig, init_train_state, make_update_fn
 from ragen_jax.rollout.device import device_rollout, slot_layout
 from ragen_jax.rollout.episodes import RolloutConfig, build_assets, train_seeds
+from ragen_jax.rollout.text import text_rollout
 from ragen_jax.sampling import SamplingRule
 from ragen_jax.trajectories import Trajectories
 
@@ -45,8 +48,9 @@ class Experiment:
   mesh: jax.sharding.Mesh
   model: Model
   tokenizer: object
-  env: object
+  env: object            # a pure-JAX environment, or None for a host text environment
   env_params: object
+  make_text_env: object  # () -> a fresh host text environment (Countdown, math, code), or None
   rollout: RolloutConfig
   val_rollout: RolloutConfig
   assets: object
@@ -58,6 +62,8 @@ class Experiment:
 
   @property
   def seq_len(self) -> int:
+    if self.env is None:
+      return self.config.rollout.max_model_len
     return slot_layout(self.assets, self.rollout)[2]
 
 
@@ -91,7 +97,14 @@ def build_experiment(config) -> Experiment:
   if config.rollout.context_window_mode not in CONTEXT_MODES:
     raise config_lib.ConfigError(f"rollout.context_window_mode {config.rollout.context_window_mode!r} is not "
                                  f"supported on the device path; use one of {CONTEXT_MODES}")
-  env, env_params = envs.make(config.env.name, **config.env.params.to_dict())
+  env_overrides = config.env.params.to_dict()
+  if config.env.name in host_envs.REGISTRY:
+    host_envs.make_text_env(config.env.name, **env_overrides)  # fails early on bad settings
+    env, env_params = None, None
+    make_text_env = functools.partial(host_envs.make_text_env, config.env.name, **env_overrides)
+  else:
+    env, env_params = envs.make(config.env.name, **env_overrides)
+    make_text_env = None
   rollout = rollout_config_from(config)
   val_rollout = dataclasses.replace(rollout, rule=SamplingRule(config.rollout.val_temperature))
   algorithm = algorithm_from_config(config.algorithm)
@@ -115,9 +128,11 @@ def build_experiment(config) -> Experiment:
   if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in model.config.eos_token_ids:
     model = dataclasses.replace(model, config=dataclasses.replace(
         model.config, eos_token_ids=model.config.eos_token_ids + (tokenizer.eos_token_id,)))
-  assets = build_assets(tokenizer, env, env_params, rollout, table_size=model.config.vocab_size)
+  assets = None if env is None else build_assets(tokenizer, env, env_params, rollout,
+                                                 table_size=model.config.vocab_size)
   critic_tx = _optimizer(config.train.critic_lr, config.train) if algorithm.use_critic else None
   return Experiment(config=config, mesh=mesh, model=model, tokenizer=tokenizer, env=env, env_params=env_params,
+                    make_text_env=make_text_env,
                     rollout=rollout, val_rollout=val_rollout, assets=assets, update_config=update_config,
                     policy_tx=_optimizer(config.train.actor_lr, config.train), critic_tx=critic_tx,
                     early_stop=stop_cfg, alarm=alarm)
@@ -174,18 +189,24 @@ class Trainer:
     self.best_val_success = -1.0
 
   # ---- phases -------------------------------------------------------------
-  def rollout(self, seeds, group_size: int, config: RolloutConfig, key, params=None) -> Trajectories:
+  def rollout(self, seeds, group_size: int, config: RolloutConfig, key, params=None,
+              split: str = "train") -> Trajectories:
     exp = self.exp
     group_ids = np.repeat(np.arange(len(seeds) // group_size), group_size)
+    params = self.state.policy if params is None else params
+    if exp.env is None:
+      model = dataclasses.replace(exp.model, params=params)
+      traj = text_rollout(model, exp.tokenizer, exp.make_text_env, config, seeds, group_ids, key, exp.seq_len, split)
+      return jax.tree.map(functools.partial(_batch_put, exp), traj)
     with jax.set_mesh(exp.mesh):
-      return device_rollout(exp.model.config, self.state.policy if params is None else params, exp.env,
+      return device_rollout(exp.model.config, params, exp.env,
                             exp.env_params, exp.assets, config, _batch_put(exp, np.asarray(seeds, np.int32)),
                             _batch_put(exp, group_ids), key)
 
   def validate(self) -> dict[str, float]:
     cfg = self.exp.config.train
     seeds = np.arange(cfg.val_seed_start, cfg.val_seed_start + cfg.val_episodes)
-    traj = self.rollout(seeds, 1, self.exp.val_rollout, jax.random.PRNGKey(cfg.val_seed_start))
+    traj = self.rollout(seeds, 1, self.exp.val_rollout, jax.random.PRNGKey(cfg.val_seed_start), split="validation")
     return rollout_metrics(traj, "val")
 
   def train_iteration(self) -> dict[str, float]:

@@ -49,7 +49,7 @@ def build_tokenizer(config, env_names, out_dir):
     texts += [f"player ({r}, {c}), box ({c}, {r}), target ({r}, {r}), goal ({c}, {c}), holes near none. So: "
               f"{a} || {b}.</think><answer>{a} || {b}</answer>" for r in range(6) for c in range(6)
               for a, b in [("Up", "Left"), ("Down", "Right"), ("Left", "Down"), ("Right", "Up")]]
-  return train_tokenizer(texts, config.demo.vocab_size, out_dir)
+  return train_tokenizer(texts, config.demo.vocab_size, out_dir, split_words=False)
 
 
 def demonstrations(config, env_name, tokenizer):

@@ -24,13 +24,17 @@ CHATML_TEMPLATE = (
 )
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int = 512,
-                    out_dir: str | os.PathLike | None = None) -> transformers.PreTrainedTokenizerFast:
-  """Trains a byte-level BPE on `texts`; saves it to `out_dir` when given."""
+def train_tokenizer(texts: Iterable[str], vocab_size: int = 512, out_dir: str | os.PathLike | None = None,
+                    split_words: bool = True) -> transformers.PreTrainedTokenizerFast:
+  """Trains a byte-level BPE on `texts`; saves it to `out_dir` when given.
+
+  With `split_words=False` merges may cross spaces, so the fixed phrases of the
+  prompts become a few long tokens (short sequences for a CPU demo).
+  """
   backend = Tokenizer(models.BPE())
   backend.pre_tokenizer = pre_tokenizers.Sequence([
       pre_tokenizers.Digits(individual_digits=True),
-      pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+      pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=split_words),
   ])
   backend.decoder = decoders.ByteLevel()
   trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),

@@ -113,8 +113,7 @@ def reprefill_policy(model: Model, config: RolloutConfig, assets: RolloutAssets)
 
   def policy(histories, active, env_state, key):
     del env_state
-    max_len = max(map(len, histories)) + config.max_new_tokens
-    session = SamplingSession.start(model, histories, max_len=-(-max_len // 8) * 8)
+    session = SamplingSession.for_replies(model, histories, config.max_new_tokens)
     return session.generate(config.max_new_tokens, config.rule, key=key, stop_sequences=assets.stop_sequences,
                             active=active)
 

@@ -54,6 +54,11 @@ class SamplingSession:
                       jax.device_put(valid, sharding), max_len)
     return cls(model=model, state=state, max_len=max_len, used=tokens.shape[1])
 
+  @classmethod
+  def for_replies(cls, model: Model, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> SamplingSession:
+    """A session whose cache holds the (padded) prompts plus `max_new_tokens` replies."""
+    return cls.start(model, prompts, max_len=round_up(max(len(p) for p in prompts), 8) + max_new_tokens)
+
   def _check_room(self, needed: int):
     if self.used + needed > self.max_len:
       raise CacheOverflowError(
@@ -98,8 +103,7 @@ def generate(model: Model, prompts: Sequence[Sequence[int]], max_new_tokens, tem
   """
   rows = np.broadcast_to(np.asarray(max_new_tokens, np.int32), (len(prompts),))
   budget = int(rows.max())
-  prompt_slots = round_up(max(len(p) for p in prompts), 8)
-  session = SamplingSession.start(model, prompts, max_len=prompt_slots + budget)
+  session = SamplingSession.for_replies(model, prompts, budget)
   rule = SamplingRule(temperature=temperature, top_k=top_k, top_p=top_p)
   out = session.generate(budget, rule, stop_sequences, jax.random.key(seed), row_max_new_tokens=rows)
   tokens, lengths, eos = (np.asarray(x) for x in (out.tokens_BN, out.lengths_B, out.ended_by_eos_B))
