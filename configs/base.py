@@ -105,6 +105,8 @@ def get_config():
   c.early_stop.val_success_floor = 0.01
   c.early_stop.val_patience = 5
 
+  c.evaluate = ml_collections.ConfigDict({"envs": "sokoban", "k": 1})  # ragen_jax.evaluate
+
   c.logging = ml_collections.ConfigDict()
   c.logging.tensorboard = True
   c.logging.wandb = False

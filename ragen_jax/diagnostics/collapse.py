@@ -55,9 +55,9 @@ class CollapseConfig:
   ema_decay: float = 0.9
   max_reasoning_tokens: int = 128
   max_prompt_tokens: int | None = None
-  block_tokens: int = 32
-  columns_per_step: int = 1
-  rows_per_step: int | None = None
+  block_tokens: int = 16
+  columns_per_step: int = 8
+  rows_per_step: int | None = 16
   grad_analysis: bool = False
   num_buckets: int = 6
   bucket_mode: str = "quantile"

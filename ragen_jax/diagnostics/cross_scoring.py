@@ -152,20 +152,22 @@ def _repeat_cache(cache: KVCache, times: int) -> KVCache:
 
 def cross_logp(config: ModelConfig, params, prompts_NP: jax.Array, prompt_len_N: jax.Array,
                reasoning_RZ: jax.Array, reasoning_len_R: jax.Array, *, num_columns: jax.Array | None = None,
-               block_tokens: int = 32, columns_per_step: int = 1, rows_per_step: int | None = None) -> jax.Array:
+               block_tokens: int = 16, columns_per_step: int = 8, rows_per_step: int | None = 16) -> jax.Array:
   """Summed teacher-forced log-probs float32[R, N]: S[r, j] = Σ_i log p(z_r[i] | x_j, z_r[<i]).
 
   prompts_NP: int32[N, P] with prompt_len_N real tokens each (the prompt is the
   first prompt_len tokens, ≥ 1); reasoning_RZ: int32[R, Z] with reasoning_len_R
   real tokens each (≤ Z). Only the first `num_columns` (traced; default N) columns
   are scored, the rest are 0. Work is split into steps of `columns_per_step`
-  prompts × `rows_per_step` rows (default all rows) run one after another.
+  prompts × `rows_per_step` rows (None: all) run one after another; with the pair
+  axis sharded over data × fsdp, a step of C prompts keeps each prompt's copies on the
+  device that prefilled it when C is a multiple of the batch shards.
   """
   num_cols, window = prompts_NP.shape
   num_rows, max_tokens = reasoning_RZ.shape
-  rows_per_step = rows_per_step or num_rows
-  if min(block_tokens, columns_per_step, rows_per_step) < 1:
+  if min(block_tokens, columns_per_step, rows_per_step or 1) < 1:
     raise ValueError("block_tokens, columns_per_step and rows_per_step must be positive")
+  rows_per_step, columns_per_step = min(rows_per_step or num_rows, num_rows), min(columns_per_step, num_cols)
   if reasoning_len_R.shape != (num_rows,) or prompt_len_N.shape != (num_cols,):
     raise ValueError(f"lengths must be [R={num_rows}] and [N={num_cols}], got {reasoning_len_R.shape}, "
                      f"{prompt_len_N.shape}")
@@ -225,8 +227,8 @@ def cross_logp(config: ModelConfig, params, prompts_NP: jax.Array, prompt_len_N:
 
 
 def score_pairs(config: ModelConfig, params, batch: Trajectories, pairs: CrossPairs, *, max_reasoning_tokens: int,
-                prompt_window: int, block_tokens: int = 32, columns_per_step: int = 1,
-                rows_per_step: int | None = None) -> tuple[jax.Array, jax.Array]:
+                prompt_window: int, block_tokens: int = 16, columns_per_step: int = 8,
+                rows_per_step: int | None = 16) -> tuple[jax.Array, jax.Array]:
   """(S float32[R, N] summed reasoning log-probs under the current policy, lengths int32[R]).
 
   Reasonings are cut to their first `max_reasoning_tokens` tokens; padding rows get

@@ -1,0 +1,70 @@
+"""Evaluate a policy: per-environment success, pass@k, valid-action rate, mean turns.
+
+  python -m ragen_jax.evaluate --config=configs/NAME.py --config.model.path=DIR_OR_RUN/final_model \\
+      [--config.evaluate.envs=sokoban,frozenlake] [--config.evaluate.k=4]
+
+Writes `evaluation.json` and `evaluation.md` into the config's workdir.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+
+import jax
+import numpy as np
+
+from ragen_jax import config as config_lib
+from ragen_jax.train import Trainer, build_experiment, rollout_metrics
+
+
+def pass_at_k(successes_NK: np.ndarray, k: int) -> float:
+  """Unbiased pass@k (Chen et al. 2021) from n samples per problem, averaged over problems."""
+  n = successes_NK.shape[1]
+  correct = successes_NK.sum(1)
+  if k > n:
+    raise ValueError(f"pass@{k} needs at least {k} samples per problem, have {n}")
+  fails = np.array([np.prod(1.0 - k / np.arange(n - c + 1, n + 1)) if n - c >= k else 0.0 for c in correct])
+  return float(np.mean(1.0 - fails))
+
+
+def evaluate_env(config, env_name: str) -> dict[str, float]:
+  """Validation seeds, `evaluate.k` samples each at the validation temperature."""
+  cfg = copy.deepcopy(config)
+  cfg.env.name = env_name
+  trainer = Trainer(build_experiment(cfg))
+  k = cfg.evaluate.k
+  seeds = np.repeat(np.arange(cfg.train.val_seed_start, cfg.train.val_seed_start + cfg.train.val_episodes), k)
+  traj = jax.device_get(trainer.rollout(seeds, k, trainer.exp.val_rollout, jax.random.PRNGKey(cfg.seed),
+                                        split="validation"))
+  metrics = {name.split("/", 1)[1]: value for name, value in rollout_metrics(traj, "eval").items()}
+  successes = np.asarray(traj.success).reshape(-1, k)
+  for kk in sorted({1, k}):
+    metrics[f"pass@{kk}"] = pass_at_k(successes, kk)
+  trainer.checkpointer.close()
+  return metrics
+
+
+def markdown_table(results: dict[str, dict[str, float]]) -> str:
+  columns = ["success", "pass@1"] + sorted({c for r in results.values() for c in r if c.startswith("pass@")} -
+                                          {"pass@1"}) + ["valid_action_rate", "num_turns", "score"]
+  lines = ["| env | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+  for env_name, r in results.items():
+    lines.append(f"| {env_name} | " + " | ".join(f"{r[c]:.3f}" for c in columns) + " |")
+  return "\n".join(lines)
+
+
+def main(config):
+  results = {name: evaluate_env(config, name) for name in config.evaluate.envs.split(",")}
+  os.makedirs(config.workdir, exist_ok=True)
+  with open(os.path.join(config.workdir, "evaluation.json"), "w") as f:
+    json.dump(results, f, indent=2)
+  table = markdown_table(results)
+  with open(os.path.join(config.workdir, "evaluation.md"), "w") as f:
+    f.write(table + "\n")
+  print(table)
+
+
+if __name__ == "__main__":
+  config_lib.run(main)
