@@ -45,17 +45,21 @@ def pack_examples(examples, seq_len: int):
 
 
 def fit(config: ModelConfig, params, examples, *, seq_len: int, steps: int, batch_size: int, lr: float,
-        seed: int = 0, on_step=None):
+        seed: int = 0, on_step=None, progress: bool = False):
   """Trains `params` on the examples for `steps` AdamW steps; returns (params, last loss)."""
+  from tqdm.auto import tqdm
   tokens, valid, mask = pack_examples(examples, seq_len)
   tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(optax.cosine_decay_schedule(lr, steps, 0.1)))
   opt_state = tx.init(params)
   step_fn = make_sft_step(config, tx)
   rng = np.random.default_rng(seed)
   loss = jnp.nan
-  for step in range(steps):
+  bar = tqdm(range(steps), desc="sft", disable=not progress, dynamic_ncols=True)
+  for step in bar:
     idx = rng.choice(len(examples), size=batch_size, replace=len(examples) < batch_size)
     params, opt_state, loss = step_fn(params, opt_state, tokens[idx], valid[idx], mask[idx])
     if on_step is not None:
       on_step(step, loss)
+    if progress and step % 10 == 9:
+      bar.set_postfix(loss=f"{float(loss):.3f}", refresh=False)
   return params, float(loss)

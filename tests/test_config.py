@@ -42,3 +42,15 @@ def test_override_applies(tmp_path):
   result = _run_chat("--config.max_new_tokens=2", "--config.prompt=Say hi")
   assert result.returncode == 0, result.stderr
   assert "user: Say hi" in result.stdout
+
+
+@pytest.mark.parametrize("arg", ["sokoban,ppo", "frozenlake,grpo", "countdown,dapo", "math,drgrpo"])
+def test_paper_configs_build_their_update_settings(arg):
+  from ragen_jax.train import algorithm_from_config
+  config = config_lib.load_config_file(os.path.join(ROOT, f"configs/paper/main_table.py:{arg}"))
+  env_name, preset = arg.split(",")
+  assert (config.train.env_groups, config.train.group_size, config.filter.value) == (8, 16, 0.9)
+  assert config.rollout.max_turns == (1 if env_name in ("countdown", "math") else 5)
+  algorithm = algorithm_from_config(config.algorithm)
+  assert (algorithm.loss.clip_low, algorithm.loss.clip_high, algorithm.loss.entropy_coef) == (0.2, 0.28, 0.001)
+  assert algorithm.use_critic == (preset == "ppo") and not algorithm.loss.use_kl_loss

@@ -8,12 +8,15 @@ Turns without a closed, non-empty `<think>` block have no pair.
 Rows are sampled reasonings, columns are prompts; both are (episode, turn)
 indices, so every shape is static and padding rows are masked, never dropped.
 
-The scorer prefills each column's prompt once into a KV cache (layers only, no
-LM head), copies that cache for a chunk of rows and appends the rows'
+The scorer prefills each distinct column prompt once into a KV cache (layers
+only, no LM head), copies that cache for a chunk of rows and appends the rows'
 reasoning tokens teacher-forced, `block_tokens` at a time, in a
 `lax.while_loop` that stops at the longest reasoning of the chunk (rows are
 sorted by length, so short chunks stop early). Each block's logits are reduced
 to the target tokens' log-probs at once, so memory holds one block of logits.
+Cost: (distinct prompts × prompt tokens) layer passes plus (R × N × reasoning
+tokens) full passes, against R × N × (prompt + reasoning) for scoring every
+pair as its own sequence.
 """
 
 from __future__ import annotations
