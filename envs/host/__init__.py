@@ -13,6 +13,7 @@ locally on first use, never downloaded). Code runs the model's program in a
 sandbox (sandbox.py) against the problem's tests; `score_batch` overlaps many
 such steps on a bounded pool.
 """
+
 from envs.host.base import TextEnv, TextStep, extract_answer, score_batch
 from envs.host.code_exec import CodeEnv
 from envs.host.countdown import CountdownEnv
@@ -22,13 +23,20 @@ REGISTRY = {"countdown": CountdownEnv, "math": MathEnv, "code": CodeEnv}
 
 
 def make_text_env(name: str, **config) -> TextEnv:
-    """A fresh env; `config` goes to the env's constructor (unknown keys raise TypeError)."""
-    if name not in REGISTRY:
-        raise ValueError(f"unknown text environment {name!r}; known: {sorted(REGISTRY)}")
-    return REGISTRY[name](**config)
+  """A fresh env; `config` goes to the env's constructor (unknown keys raise TypeError)."""
+  if name not in REGISTRY:
+    raise ValueError(f"unknown text environment {name!r}; known: {sorted(REGISTRY)}")
+  return REGISTRY[name](**config)
 
 
 __all__ = [
-    "REGISTRY", "CodeEnv", "CountdownEnv", "MathEnv", "TextEnv", "TextStep", "extract_answer", "make_text_env",
-    "score_batch",
+  "REGISTRY",
+  "CodeEnv",
+  "CountdownEnv",
+  "MathEnv",
+  "TextEnv",
+  "TextStep",
+  "extract_answer",
+  "make_text_env",
+  "score_batch",
 ]

@@ -5,6 +5,7 @@ parentheses with Python's precedence (via `ast.parse`, which only builds a
 tree) and refuses everything else. `evaluate` computes exactly with
 `Fraction`s, so 7/3*3 is 7 and division by zero gives None.
 """
+
 from __future__ import annotations
 
 import ast
@@ -20,46 +21,46 @@ _UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos}
 
 @dataclasses.dataclass(frozen=True)
 class Arithmetic:
-    """A parsed expression: its tree and the integer literals it uses, in order."""
+  """A parsed expression: its tree and the integer literals it uses, in order."""
 
-    tree: ast.expr
-    numbers: tuple[int, ...]
+  tree: ast.expr
+  numbers: tuple[int, ...]
 
 
 def parse_arithmetic(text: str) -> Arithmetic | None:
-    """The expression in `text`, or None if it is anything but integer arithmetic."""
-    if len(text) > MAX_EXPRESSION_CHARS:
-        return None
-    try:
-        tree = ast.parse(text.strip(), mode="eval").body
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return None
-    numbers: list[int] = []
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-            stack += [node.right, node.left]
-        elif isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
-            stack.append(node.operand)
-        elif isinstance(node, ast.Constant) and type(node.value) is int:
-            numbers.append(node.value)
-        else:
-            return None
-    return Arithmetic(tree, tuple(numbers))
+  """The expression in `text`, or None if it is anything but integer arithmetic."""
+  if len(text) > MAX_EXPRESSION_CHARS:
+    return None
+  try:
+    tree = ast.parse(text.strip(), mode="eval").body
+  except (SyntaxError, ValueError, RecursionError, MemoryError):
+    return None
+  numbers: list[int] = []
+  stack = [tree]
+  while stack:
+    node = stack.pop()
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+      stack += [node.right, node.left]
+    elif isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+      stack.append(node.operand)
+    elif isinstance(node, ast.Constant) and type(node.value) is int:
+      numbers.append(node.value)
+    else:
+      return None
+  return Arithmetic(tree, tuple(numbers))
 
 
 def evaluate(expression: Arithmetic) -> Fraction | None:
-    """Exact value of a parsed expression; None on division by zero."""
+  """Exact value of a parsed expression; None on division by zero."""
 
-    def value(node: ast.expr) -> Fraction:
-        if isinstance(node, ast.Constant):
-            return Fraction(node.value)
-        if isinstance(node, ast.UnaryOp):
-            return _UNARY[type(node.op)](value(node.operand))
-        return _BINARY[type(node.op)](value(node.left), value(node.right))
+  def value(node: ast.expr) -> Fraction:
+    if isinstance(node, ast.Constant):
+      return Fraction(node.value)
+    if isinstance(node, ast.UnaryOp):
+      return _UNARY[type(node.op)](value(node.operand))
+    return _BINARY[type(node.op)](value(node.left), value(node.right))
 
-    try:
-        return value(expression.tree)
-    except (ZeroDivisionError, RecursionError):
-        return None
+  try:
+    return value(expression.tree)
+  except (ZeroDivisionError, RecursionError):
+    return None

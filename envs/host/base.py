@@ -8,6 +8,7 @@ and returns a `TextStep`. The answer is the text of the first
 non-empty block is a format failure: `format_ok=False`, reward 0 and the
 episode does not advance (the rollout applies the format penalty).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,66 +25,66 @@ _ANSWER_BLOCK = re.compile(re.escape(ANSWER_OPEN) + "(.*?)" + re.escape(ANSWER_C
 
 @dataclasses.dataclass(frozen=True)
 class TextStep:
-    observation: str  # next user-turn text ("" when done)
-    reward: float  # env reward for this turn (the rollout adds the format penalty)
-    done: bool
-    success: bool
-    format_ok: bool  # False: no parsable <answer> block; reward 0, state unchanged
-    info: dict  # e.g. {"answer": ..., "target": ..., "tests_passed": k, "tests_total": n}
+  observation: str  # next user-turn text ("" when done)
+  reward: float  # env reward for this turn (the rollout adds the format penalty)
+  done: bool
+  success: bool
+  format_ok: bool  # False: no parsable <answer> block; reward 0, state unchanged
+  info: dict  # e.g. {"answer": ..., "target": ..., "tests_passed": k, "tests_total": n}
 
 
 class TextEnv(Protocol):
-    """One episode at a time; cheap to construct (datasets are cached per process)."""
+  """One episode at a time; cheap to construct (datasets are cached per process)."""
 
-    name: str
-    instruction: str  # env instruction for the system prompt (RAGEN's wording where it exists)
-    max_turns: int
+  name: str
+  instruction: str  # env instruction for the system prompt (RAGEN's wording where it exists)
+  max_turns: int
 
-    def reset(self, seed: int, split: str = "train") -> str: ...
+  def reset(self, seed: int, split: str = "train") -> str: ...
 
-    def step(self, response: str) -> TextStep: ...
+  def step(self, response: str) -> TextStep: ...
 
 
 def extract_answer(response: str) -> str | None:
-    """Stripped text of the first <answer>...</answer> block; None if absent or blank."""
-    match = _ANSWER_BLOCK.search(response)
-    if match is None:
-        return None
-    return match.group(1).strip() or None
+  """Stripped text of the first <answer>...</answer> block; None if absent or blank."""
+  match = _ANSWER_BLOCK.search(response)
+  if match is None:
+    return None
+  return match.group(1).strip() or None
 
 
 def format_failure(observation: str, info: dict | None = None) -> TextStep:
-    """The step for a response without an answer: nothing happens, reward 0."""
-    return TextStep(observation, 0.0, False, False, False, {"answer": None, **(info or {})})
+  """The step for a response without an answer: nothing happens, reward 0."""
+  return TextStep(observation, 0.0, False, False, False, {"answer": None, **(info or {})})
 
 
 def split_index(seed: int, size: int) -> int:
-    """The instance a seed picks: seed mod size (RAGEN's countdown rule)."""
-    if size <= 0:
-        raise ValueError("the split has no instances")
-    return seed % size
+  """The instance a seed picks: seed mod size (RAGEN's countdown rule)."""
+  if size <= 0:
+    raise ValueError("the split has no instances")
+  return seed % size
 
 
 def check_split(split: str) -> str:
-    if split not in ("train", "validation"):
-        raise ValueError(f"split must be 'train' or 'validation', got {split!r}")
-    return split
+  if split not in ("train", "validation"):
+    raise ValueError(f"split must be 'train' or 'validation', got {split!r}")
+  return split
 
 
 def score_batch(envs: Sequence[TextEnv], responses: Sequence[str], max_workers: int | None = None) -> list[TextStep]:
-    """`env.step(response)` for every pair, concurrently; steps in input order.
+  """`env.step(response)` for every pair, concurrently; steps in input order.
 
-    Code environments spend their step waiting on a sandbox process, so their
-    steps overlap on up to `max_workers` threads (default: CPU count); the
-    sandbox pool still bounds how many processes run at once. Each env must
-    appear once (a step mutates its episode).
-    """
-    if len(envs) != len(responses):
-        raise ValueError(f"{len(envs)} envs but {len(responses)} responses")
-    if len({id(env) for env in envs}) != len(envs):
-        raise ValueError("an env appears twice in one batch; each episode steps once per call")
-    workers = min(len(envs), max_workers or os.cpu_count() or 1)
-    if workers <= 1:
-        return [env.step(response) for env, response in zip(envs, responses)]
-    with ThreadPoolExecutor(workers) as executor:
-        return list(executor.map(lambda pair: pair[0].step(pair[1]), zip(envs, responses)))
+  Code environments spend their step waiting on a sandbox process, so their
+  steps overlap on up to `max_workers` threads (default: CPU count); the
+  sandbox pool still bounds how many processes run at once. Each env must
+  appear once (a step mutates its episode).
+  """
+  if len(envs) != len(responses):
+    raise ValueError(f"{len(envs)} envs but {len(responses)} responses")
+  if len({id(env) for env in envs}) != len(envs):
+    raise ValueError("an env appears twice in one batch; each episode steps once per call")
+  workers = min(len(envs), max_workers or os.cpu_count() or 1)
+  if workers <= 1:
+    return [env.step(response) for env, response in zip(envs, responses)]
+  with ThreadPoolExecutor(workers) as executor:
+    return list(executor.map(lambda pair: pair[0].step(pair[1]), zip(envs, responses)))

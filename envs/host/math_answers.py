@@ -16,6 +16,7 @@
 ("... #### 72"), MetaMathQA ("... The answer is: 72"), a `\\boxed{}`, or a
 bare answer.
 """
+
 from __future__ import annotations
 
 import re
@@ -32,84 +33,84 @@ _BOX_OPENERS = ("\\boxed{", "\\fbox{")
 
 
 def last_boxed(text: str) -> str | None:
-    """Content of the last \\boxed{...} / \\fbox{...} (braces balanced), or None."""
-    start = max(text.rfind(opener) + len(opener) if opener in text else -1 for opener in _BOX_OPENERS)
-    if start < 0:
-        return None
-    depth = 1
-    for i in range(start, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[i], 0)
-        if depth == 0:
-            return text[start:i]
+  """Content of the last \\boxed{...} / \\fbox{...} (braces balanced), or None."""
+  start = max(text.rfind(opener) + len(opener) if opener in text else -1 for opener in _BOX_OPENERS)
+  if start < 0:
     return None
+  depth = 1
+  for i in range(start, len(text)):
+    depth += {"{": 1, "}": -1}.get(text[i], 0)
+    if depth == 0:
+      return text[start:i]
+  return None
 
 
 def final_answer(text: str) -> str:
-    """The part of an answer that carries the value: last box, then after the last "="."""
-    text = text[-MAX_ANSWER_CHARS:]
-    boxed = last_boxed(text)
-    if boxed is not None:
-        text = boxed
-    return text.rpartition("=")[2].strip()
+  """The part of an answer that carries the value: last box, then after the last "="."""
+  text = text[-MAX_ANSWER_CHARS:]
+  boxed = last_boxed(text)
+  if boxed is not None:
+    text = boxed
+  return text.rpartition("=")[2].strip()
 
 
 def _clean(text: str) -> str:
-    text = _TEXT.sub(r"\1", text)
-    for token in ("\\left", "\\right", "\\!", "\\,", "\\;", "$", "\\(", "\\)", "\\[", "\\]"):
-        text = text.replace(token, "")
-    return text.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").strip()
+  text = _TEXT.sub(r"\1", text)
+  for token in ("\\left", "\\right", "\\!", "\\,", "\\;", "$", "\\(", "\\)", "\\[", "\\]"):
+    text = text.replace(token, "")
+  return text.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").strip()
 
 
 def _to_fraction(numerator: str, denominator: str | None) -> Fraction | None:
-    try:
-        value = Fraction(numerator.replace(",", ""))
-        if denominator is not None:
-            value /= Fraction(denominator.replace(",", ""))
-    except (ValueError, ZeroDivisionError):
-        return None
-    return value
+  try:
+    value = Fraction(numerator.replace(",", ""))
+    if denominator is not None:
+      value /= Fraction(denominator.replace(",", ""))
+  except (ValueError, ZeroDivisionError):
+    return None
+  return value
 
 
 def _frac_to_slash(text: str) -> str:
-    return _FRAC.sub(r"\1/\2", text)
+  return _FRAC.sub(r"\1/\2", text)
 
 
 def parse_number(text: str) -> Fraction | None:
-    """The value of a text that is exactly one number ("-1,234.5", "3/4", "\\frac{3}{4}")."""
-    match = _NUMBER_ONLY.fullmatch(_frac_to_slash(_clean(text)))
-    return None if match is None else _to_fraction(match["n"], match["d"])
+  """The value of a text that is exactly one number ("-1,234.5", "3/4", "\\frac{3}{4}")."""
+  match = _NUMBER_ONLY.fullmatch(_frac_to_slash(_clean(text)))
+  return None if match is None else _to_fraction(match["n"], match["d"])
 
 
 def find_number(text: str) -> Fraction | None:
-    """The number a free-form answer gives: the one it starts with, else its last one."""
-    text = _frac_to_slash(_clean(text))
-    match = _LEADING_NUMBER.match(text)
-    if match is None:
-        matches = list(_ANY_NUMBER.finditer(text))
-        match = matches[-1] if matches else None
-    return None if match is None else _to_fraction(match["n"], match["d"])
+  """The number a free-form answer gives: the one it starts with, else its last one."""
+  text = _frac_to_slash(_clean(text))
+  match = _LEADING_NUMBER.match(text)
+  if match is None:
+    matches = list(_ANY_NUMBER.finditer(text))
+    match = matches[-1] if matches else None
+  return None if match is None else _to_fraction(match["n"], match["d"])
 
 
 def normalise_text(text: str) -> str:
-    return re.sub(r"\s+", "", _clean(text)).rstrip(".").lower()
+  return re.sub(r"\s+", "", _clean(text)).rstrip(".").lower()
 
 
 def answers_match(predicted: str, gold: str) -> bool:
-    """Normalised exact match (see module docstring)."""
-    predicted, gold = final_answer(predicted), final_answer(gold)
-    gold_value = parse_number(gold)
-    if gold_value is not None:
-        value = find_number(predicted)
-        return value is not None and abs(value - gold_value) <= Fraction(1, 10**6)
-    return normalise_text(predicted) == normalise_text(gold) != ""
+  """Normalised exact match (see module docstring)."""
+  predicted, gold = final_answer(predicted), final_answer(gold)
+  gold_value = parse_number(gold)
+  if gold_value is not None:
+    value = find_number(predicted)
+    return value is not None and abs(value - gold_value) <= Fraction(1, 10**6)
+  return normalise_text(predicted) == normalise_text(gold) != ""
 
 
 def gold_answer(solution: str) -> str:
-    """The final answer in a worked solution (GSM8K, MetaMathQA, boxed or bare)."""
-    if "####" in solution:
-        return solution.rpartition("####")[2].strip()
-    marker = re.search(r"The answer is:?", solution)
-    if marker is not None:
-        return solution[marker.end():].strip()
-    boxed = last_boxed(solution)
-    return boxed.strip() if boxed is not None else solution.strip()
+  """The final answer in a worked solution (GSM8K, MetaMathQA, boxed or bare)."""
+  if "####" in solution:
+    return solution.rpartition("####")[2].strip()
+  marker = re.search(r"The answer is:?", solution)
+  if marker is not None:
+    return solution[marker.end() :].strip()
+  boxed = last_boxed(solution)
+  return boxed.strip() if boxed is not None else solution.strip()

@@ -1,4 +1,5 @@
 """Reading users' problem files (JSON list or JSONL) and splitting them stably."""
+
 from __future__ import annotations
 
 import hashlib
@@ -9,48 +10,48 @@ from collections.abc import Sequence
 
 
 def read_records(path: str) -> list[tuple[str, dict]]:
-    """(place, record) for each object of a JSON list or JSONL file; place is
-    "path:line" or "path[index]". ValueError naming the place on bad input."""
-    text = pathlib.Path(path).read_text(encoding="utf-8")
-    if text.lstrip().startswith("["):
+  """(place, record) for each object of a JSON list or JSONL file; place is
+  "path:line" or "path[index]". ValueError naming the place on bad input."""
+  text = pathlib.Path(path).read_text(encoding="utf-8")
+  if text.lstrip().startswith("["):
+    try:
+      items = json.loads(text)
+    except json.JSONDecodeError as error:
+      raise ValueError(f"{path}: not a JSON list ({error})") from error
+    placed = [(f"{path}[{i}]", item) for i, item in enumerate(items)]
+  else:
+    placed = []
+    for number, line in enumerate(text.splitlines(), 1):
+      if line.strip():
         try:
-            items = json.loads(text)
+          placed.append((f"{path}:{number}", json.loads(line)))
         except json.JSONDecodeError as error:
-            raise ValueError(f"{path}: not a JSON list ({error})") from error
-        placed = [(f"{path}[{i}]", item) for i, item in enumerate(items)]
-    else:
-        placed = []
-        for number, line in enumerate(text.splitlines(), 1):
-            if line.strip():
-                try:
-                    placed.append((f"{path}:{number}", json.loads(line)))
-                except json.JSONDecodeError as error:
-                    raise ValueError(f"{path}:{number}: not JSON ({error})") from error
-    for place, record in placed:
-        if not isinstance(record, dict):
-            raise ValueError(f"{place}: each record must be a JSON object, got {type(record).__name__}")
-    return placed
+          raise ValueError(f"{path}:{number}: not JSON ({error})") from error
+  for place, record in placed:
+    if not isinstance(record, dict):
+      raise ValueError(f"{place}: each record must be a JSON object, got {type(record).__name__}")
+  return placed
 
 
 def field(record: dict, keys: Sequence[str], place: str):
-    """The value of the first of `keys` that `record` has."""
-    for key in keys:
-        if key in record:
-            return record[key]
-    raise ValueError(f"{place}: needs one of the keys {list(keys)}; has {sorted(record)}")
+  """The value of the first of `keys` that `record` has."""
+  for key in keys:
+    if key in record:
+      return record[key]
+  raise ValueError(f"{place}: needs one of the keys {list(keys)}; has {sorted(record)}")
 
 
 def in_validation(key: str, fraction: float) -> bool:
-    """Stable hash split: the same key lands in the same split on every machine."""
-    digest = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
-    return digest < fraction * 2**64
+  """Stable hash split: the same key lands in the same split on every machine."""
+  digest = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
+  return digest < fraction * 2**64
 
 
 def file_digest(*paths: str) -> str:
-    """Digest of paths, sizes and modification times (changes when a file does)."""
-    parts = []
-    for path in paths:
-        if path:
-            info = os.stat(path)
-            parts.append(f"{os.path.abspath(path)}:{info.st_size}:{info.st_mtime_ns}")
-    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+  """Digest of paths, sizes and modification times (changes when a file does)."""
+  parts = []
+  for path in paths:
+    if path:
+      info = os.stat(path)
+      parts.append(f"{os.path.abspath(path)}:{info.st_size}:{info.st_mtime_ns}")
+  return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]

@@ -42,6 +42,7 @@ cannot pass them by faking the result line or by returning an object whose
 literal`) are judged inside the candidate's process and can be faked by a
 candidate that subverts the interpreter.
 """
+
 from __future__ import annotations
 
 import ast
@@ -71,27 +72,27 @@ _UID_BASE, _UID_SPAN = 1 << 20, 1 << 30
 
 @dataclasses.dataclass(frozen=True)
 class SandboxLimits:
-    """Limits for one candidate run (all tests of one candidate share them)."""
+  """Limits for one candidate run (all tests of one candidate share them)."""
 
-    wall_seconds: float = 5.0
-    cpu_seconds: int = 2
-    memory_mb: int = 512  # address space (RLIMIT_AS)
-    file_size_mb: int = 8  # largest file it may write (RLIMIT_FSIZE)
-    work_dir_mb: int = 16  # size of the tmpfs work directory (namespaces only)
-    max_processes: int = 16  # RLIMIT_NPROC of the sandbox uid (when the parent is root)
-    max_open_files: int = 64
-    max_output_bytes: int = 1 << 20  # bytes of stdout the parent reads before killing it
-    max_test_output: int = 64 << 10  # captured stdout per stdio test, value repr, candidate prints
-    isolation: str = "auto"  # "auto" | "namespaces" | "basic"
-    audit_hook: bool = True  # off only to test the outer layers alone
+  wall_seconds: float = 5.0
+  cpu_seconds: int = 2
+  memory_mb: int = 512  # address space (RLIMIT_AS)
+  file_size_mb: int = 8  # largest file it may write (RLIMIT_FSIZE)
+  work_dir_mb: int = 16  # size of the tmpfs work directory (namespaces only)
+  max_processes: int = 16  # RLIMIT_NPROC of the sandbox uid (when the parent is root)
+  max_open_files: int = 64
+  max_output_bytes: int = 1 << 20  # bytes of stdout the parent reads before killing it
+  max_test_output: int = 64 << 10  # captured stdout per stdio test, value repr, candidate prints
+  isolation: str = "auto"  # "auto" | "namespaces" | "basic"
+  audit_hook: bool = True  # off only to test the outer layers alone
 
-    def __post_init__(self):
-        if self.isolation not in ("auto", "namespaces", "basic"):
-            raise ValueError(f"isolation must be 'auto', 'namespaces' or 'basic', got {self.isolation!r}")
-        numbers = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.type in ("int", "float")}
-        bad = {name: value for name, value in numbers.items() if not value > 0}
-        if bad:
-            raise ValueError(f"sandbox limits must be positive: {bad}")
+  def __post_init__(self):
+    if self.isolation not in ("auto", "namespaces", "basic"):
+      raise ValueError(f"isolation must be 'auto', 'namespaces' or 'basic', got {self.isolation!r}")
+    numbers = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.type in ("int", "float")}
+    bad = {name: value for name, value in numbers.items() if not value > 0}
+    if bad:
+      raise ValueError(f"sandbox limits must be positive: {bad}")
 
 
 # --------------------------------------------------------------------------- tests
@@ -99,90 +100,90 @@ class SandboxLimits:
 
 @dataclasses.dataclass(frozen=True)
 class ValueTest:
-    """`assert expr == expected` with a literal `expected`, compared in the parent."""
+  """`assert expr == expected` with a literal `expected`, compared in the parent."""
 
-    expr: str
-    expected: Any
-    source: str
+  expr: str
+  expected: Any
+  source: str
 
 
 @dataclasses.dataclass(frozen=True)
 class CheckTest:
-    """Any other assert statement; judged inside the sandbox."""
+  """Any other assert statement; judged inside the sandbox."""
 
-    source: str
+  source: str
 
 
 @dataclasses.dataclass(frozen=True)
 class StdioTest:
-    """Run the whole program with `input` on stdin; stdout must equal `output`
-    (trailing whitespace of each line and trailing blank lines ignored)."""
+  """Run the whole program with `input` on stdin; stdout must equal `output`
+  (trailing whitespace of each line and trailing blank lines ignored)."""
 
-    input: str
-    output: str
+  input: str
+  output: str
 
 
 Test = ValueTest | CheckTest | StdioTest
 
 
 def compile_test(test: str | dict) -> Test:
-    """A test from the JSONL layout: an assert statement, or {"input", "output"}."""
-    if isinstance(test, dict):
-        if set(test) != {"input", "output"} or not all(isinstance(v, str) for v in test.values()):
-            raise ValueError(f"a stdio test is {{'input': str, 'output': str}}, got {test!r}")
-        return StdioTest(test["input"], test["output"])
-    if not isinstance(test, str):
-        raise ValueError(f"a test is an assert statement or an input/output dict, got {test!r}")
-    try:
-        tree = ast.parse(test)
-    except SyntaxError as error:
-        raise ValueError(f"test is not valid Python: {test!r}") from error
-    if len(tree.body) == 1 and isinstance(stmt := tree.body[0], ast.Assert) and stmt.msg is None:
-        compare = stmt.test
-        if isinstance(compare, ast.Compare) and len(compare.ops) == 1 and isinstance(compare.ops[0], ast.Eq):
-            try:
-                expected = ast.literal_eval(compare.comparators[0])
-            except ValueError:
-                pass
-            else:
-                return ValueTest(ast.get_source_segment(test, compare.left), expected, test)
-    return CheckTest(test)
+  """A test from the JSONL layout: an assert statement, or {"input", "output"}."""
+  if isinstance(test, dict):
+    if set(test) != {"input", "output"} or not all(isinstance(v, str) for v in test.values()):
+      raise ValueError(f"a stdio test is {{'input': str, 'output': str}}, got {test!r}")
+    return StdioTest(test["input"], test["output"])
+  if not isinstance(test, str):
+    raise ValueError(f"a test is an assert statement or an input/output dict, got {test!r}")
+  try:
+    tree = ast.parse(test)
+  except SyntaxError as error:
+    raise ValueError(f"test is not valid Python: {test!r}") from error
+  if len(tree.body) == 1 and isinstance(stmt := tree.body[0], ast.Assert) and stmt.msg is None:
+    compare = stmt.test
+    if isinstance(compare, ast.Compare) and len(compare.ops) == 1 and isinstance(compare.ops[0], ast.Eq):
+      try:
+        expected = ast.literal_eval(compare.comparators[0])
+      except ValueError:
+        pass
+      else:
+        return ValueTest(ast.get_source_segment(test, compare.left), expected, test)
+  return CheckTest(test)
 
 
 def normalise_output(text: str) -> str:
-    """Stdout as compared: trailing whitespace of each line and trailing blank lines dropped."""
-    return "\n".join(line.rstrip() for line in text.rstrip().splitlines())
+  """Stdout as compared: trailing whitespace of each line and trailing blank lines dropped."""
+  return "\n".join(line.rstrip() for line in text.rstrip().splitlines())
 
 
 def _judge(test: Test, outcome: dict) -> tuple[bool, str]:
-    """(passed, feedback line) for one test from the harness's report."""
-    if "error" in outcome:
-        return False, f"{_describe(test)} raised {outcome['error']}"
-    if isinstance(test, ValueTest):
-        got = str(outcome.get("repr", ""))
-        try:
-            passed = bool(ast.literal_eval(got) == test.expected)
-        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):  # not a literal
-            passed = False
-        return passed, "" if passed else f"{test.expr} returned {got[:200]}, expected {test.expected!r}"[:400]
-    if isinstance(test, StdioTest):
-        got = str(outcome.get("stdout", ""))
-        passed = normalise_output(got) == normalise_output(test.output)
-        mismatch = f"input {test.input[:100]!r}: printed {got[:200]!r}, expected {test.output[:200]!r}"
-        return passed, "" if passed else mismatch
-    return bool(outcome.get("ok")), ""
+  """(passed, feedback line) for one test from the harness's report."""
+  if "error" in outcome:
+    return False, f"{_describe(test)} raised {outcome['error']}"
+  if isinstance(test, ValueTest):
+    got = str(outcome.get("repr", ""))
+    try:
+      passed = bool(ast.literal_eval(got) == test.expected)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):  # not a literal
+      passed = False
+    return passed, "" if passed else f"{test.expr} returned {got[:200]}, expected {test.expected!r}"[:400]
+  if isinstance(test, StdioTest):
+    got = str(outcome.get("stdout", ""))
+    passed = normalise_output(got) == normalise_output(test.output)
+    mismatch = f"input {test.input[:100]!r}: printed {got[:200]!r}, expected {test.output[:200]!r}"
+    return passed, "" if passed else mismatch
+  return bool(outcome.get("ok")), ""
 
 
 def _describe(test: Test) -> str:
-    return test.source if isinstance(test, (ValueTest, CheckTest)) else f"input {test.input[:100]!r}"
+  return test.source if isinstance(test, (ValueTest, CheckTest)) else f"input {test.input[:100]!r}"
 
 
 def _job_test(test: Test) -> dict:
-    if isinstance(test, ValueTest):
-        return {"kind": "value", "expr": test.expr}
-    if isinstance(test, CheckTest):
-        return {"kind": "check", "source": test.source}
-    return {"kind": "stdio", "input": test.input}
+  if isinstance(test, ValueTest):
+    return {"kind": "value", "expr": test.expr}
+  if isinstance(test, CheckTest):
+    return {"kind": "check", "source": test.source}
+  return {"kind": "stdio", "input": test.input}
 
 
 # --------------------------------------------------------------------------- results
@@ -190,288 +191,315 @@ def _job_test(test: Test) -> dict:
 
 @dataclasses.dataclass(frozen=True)
 class SandboxResult:
-    """status: "ok" (the harness reported), "timeout", "output_limit" or
-    "no_result" (the process died or exited without a report, e.g. killed for
-    CPU time or memory, or the candidate exited the interpreter).
-    passed: one bool per test (all False unless status is "ok").
-    returncode: exit status of the sandbox's first process (-9 when the
-    parent killed it, which it also does right after reading a report).
-    uid: the uid the candidate ran as (None: the parent's own)."""
+  """status: "ok" (the harness reported), "timeout", "output_limit" or
+  "no_result" (the process died or exited without a report, e.g. killed for
+  CPU time or memory, or the candidate exited the interpreter).
+  passed: one bool per test (all False unless status is "ok").
+  returncode: exit status of the sandbox's first process (-9 when the
+  parent killed it, which it also does right after reading a report).
+  uid: the uid the candidate ran as (None: the parent's own)."""
 
-    status: str
-    passed: tuple[bool, ...]
-    feedback: str
-    wall_seconds: float
-    returncode: int | None
-    isolation: str
-    uid: int | None
+  status: str
+  passed: tuple[bool, ...]
+  feedback: str
+  wall_seconds: float
+  returncode: int | None
+  isolation: str
+  uid: int | None
 
-    @property
-    def fraction(self) -> float:
-        return sum(self.passed) / len(self.passed) if self.passed else 0.0
+  @property
+  def fraction(self) -> float:
+    return sum(self.passed) / len(self.passed) if self.passed else 0.0
 
 
 # --------------------------------------------------------------------------- isolation
 
 
 def _python() -> str:
-    """The base interpreter (not a venv shim): with -I -S it sees only the stdlib."""
-    return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+  """The base interpreter (not a venv shim): with -I -S it sees only the stdlib."""
+  return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
 
 
 @functools.cache
 def _stdlib_readable_by_others() -> bool:
-    """Whether a fresh uid could import the stdlib in place (basic mode drops to one only then)."""
-    path = os.path.dirname(os.path.realpath(os.__file__))
-    if not os.stat(path).st_mode & stat.S_IROTH:
-        return False
-    while True:
-        if not os.stat(path).st_mode & stat.S_IXOTH:
-            return False
-        if path == os.path.dirname(path):
-            return True
-        path = os.path.dirname(path)
+  """Whether a fresh uid could import the stdlib in place (basic mode drops to one only then)."""
+  path = os.path.dirname(os.path.realpath(os.__file__))
+  if not os.stat(path).st_mode & stat.S_IROTH:
+    return False
+  while True:
+    if not os.stat(path).st_mode & stat.S_IXOTH:
+      return False
+    if path == os.path.dirname(path):
+      return True
+    path = os.path.dirname(path)
 
 
 @functools.cache
 def _namespace_script() -> str:
-    """Shell script run as root inside fresh namespaces: build the chroot, run argv as the uid.
+  """Shell script run as root inside fresh namespaces: build the chroot, run argv as the uid.
 
-    Arguments: root uid work_mb argv... The root is a tmpfs holding read-only
-    binds of the interpreter's prefix and the system library directories (and
-    the /lib -> usr/lib style links), /dev/{null,zero,urandom} and a tmpfs
-    /work. The shell stays the namespace's first process: PID 1 ignores
-    signals it has no handler for, which would make the interpreter immune to
-    SIGXCPU.
-    """
-    wanted = [sys.base_prefix, os.path.dirname(_python()), "/lib", "/lib64", "/lib32", "/usr/lib", "/usr/lib64"]
-    links, binds = {}, set()
-    for path in wanted:
-        if os.path.islink(path):
-            links[path] = os.readlink(path)
-            path = os.path.realpath(path)
-        if os.path.isdir(path):
-            binds.add(os.path.realpath(path))
-    binds = sorted(p for p in binds if not any(p.startswith(q + os.sep) for q in binds if q != p))
-    q = shlex.quote
-    dirs = [*binds, *{os.path.dirname(p) for p in links} - {"/"}, "/work", "/dev"]
-    lines = [
-        "set -eu",
-        'root=$1 uid=$2 work_mb=$3',
-        "shift 3",
-        "mount --make-rprivate /",
-        'mount -t tmpfs -o size=4m,mode=0755 sandbox-root "$root"',
-        "mkdir -p " + " ".join(f'"$root"{q(d)}' for d in dirs),
-        *(f'ln -s {q(target)} "$root"{q(link)}' for link, target in links.items()),
-        *(f'mount -o bind,ro,nosuid,nodev {q(p)} "$root"{q(p)}' for p in binds),
-        'mount -t tmpfs -o "size=${work_mb}m,mode=0700,uid=$uid,gid=$uid" sandbox-work "$root/work"',
-        'for d in null zero urandom; do : > "$root/dev/$d"; mount --bind "/dev/$d" "$root/dev/$d"; done',
-        'mount -o remount,ro "$root"',
-        'chroot --userspec="$uid:$uid" "$root" "$@"',
-    ]
-    return "\n".join(lines) + "\n"
+  Arguments: root uid work_mb argv... The root is a tmpfs holding read-only
+  binds of the interpreter's prefix and the system library directories (and
+  the /lib -> usr/lib style links), /dev/{null,zero,urandom} and a tmpfs
+  /work. The shell stays the namespace's first process: PID 1 ignores
+  signals it has no handler for, which would make the interpreter immune to
+  SIGXCPU.
+  """
+  wanted = [sys.base_prefix, os.path.dirname(_python()), "/lib", "/lib64", "/lib32", "/usr/lib", "/usr/lib64"]
+  links, binds = {}, set()
+  for path in wanted:
+    if os.path.islink(path):
+      links[path] = os.readlink(path)
+      path = os.path.realpath(path)
+    if os.path.isdir(path):
+      binds.add(os.path.realpath(path))
+  binds = sorted(p for p in binds if not any(p.startswith(q + os.sep) for q in binds if q != p))
+  q = shlex.quote
+  dirs = [*binds, *{os.path.dirname(p) for p in links} - {"/"}, "/work", "/dev"]
+  lines = [
+    "set -eu",
+    "root=$1 uid=$2 work_mb=$3",
+    "shift 3",
+    "mount --make-rprivate /",
+    'mount -t tmpfs -o size=4m,mode=0755 sandbox-root "$root"',
+    "mkdir -p " + " ".join(f'"$root"{q(d)}' for d in dirs),
+    *(f'ln -s {q(target)} "$root"{q(link)}' for link, target in links.items()),
+    *(f'mount -o bind,ro,nosuid,nodev {q(p)} "$root"{q(p)}' for p in binds),
+    'mount -t tmpfs -o "size=${work_mb}m,mode=0700,uid=$uid,gid=$uid" sandbox-work "$root/work"',
+    'for d in null zero urandom; do : > "$root/dev/$d"; mount --bind "/dev/$d" "$root/dev/$d"; done',
+    'mount -o remount,ro "$root"',
+    'chroot --userspec="$uid:$uid" "$root" "$@"',
+  ]
+  return "\n".join(lines) + "\n"
 
 
 @functools.cache
 def _namespace_tools() -> tuple[str, str] | None:
-    tools = [shutil.which(name) for name in ("unshare", "sh", "mount", "chroot")]
-    if os.geteuid() != 0 or not all(tools):
-        return None
-    return tools[0], tools[1]
+  tools = [shutil.which(name) for name in ("unshare", "sh", "mount", "chroot")]
+  if os.geteuid() != 0 or not all(tools):
+    return None
+  return tools[0], tools[1]
 
 
 @functools.cache
 def available_isolation() -> str:
-    """"namespaces" when a probe candidate runs in namespaces here, else "basic"."""
-    if _namespace_tools() is None:
-        return "basic"
-    probe = run_program("x = 6 * 7", [ValueTest("x", 42, "assert x == 42")], SandboxLimits(isolation="namespaces"))
-    return "namespaces" if probe.status == "ok" and probe.passed == (True,) else "basic"
+  """ "namespaces" when a probe candidate runs in namespaces here, else "basic"."""
+  if _namespace_tools() is None:
+    return "basic"
+  probe = run_program("x = 6 * 7", [ValueTest("x", 42, "assert x == 42")], SandboxLimits(isolation="namespaces"))
+  return "namespaces" if probe.status == "ok" and probe.passed == (True,) else "basic"
 
 
 # --------------------------------------------------------------------------- running
 
 
 def _read_capped(proc: subprocess.Popen, deadline: float, cap: int, marker: bytes) -> tuple[bytes, str]:
-    """Read stdout until EOF, a complete line starting with `marker` (the
-    report: no need to wait for the namespaces to be torn down), the deadline
-    or the cap: (data, status)."""
-    fd, data = proc.stdout.fileno(), bytearray()
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return bytes(data), "timeout"
-        ready, _, _ = select.select([fd], [], [], remaining)
-        if not ready:
-            continue
-        chunk = os.read(fd, 1 << 16)
-        if not chunk:
-            return bytes(data), "ok"
-        if len(data) + len(chunk) > cap:
-            return b"", "output_limit"
-        data += chunk
-        at = data.find(marker)
-        if at >= 0 and data.find(b"\n", at + len(marker)) >= 0:
-            return bytes(data), "ok"
+  """Read stdout until EOF, a complete line starting with `marker` (the
+  report: no need to wait for the namespaces to be torn down), the deadline
+  or the cap: (data, status)."""
+  fd, data = proc.stdout.fileno(), bytearray()
+  while True:
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+      return bytes(data), "timeout"
+    ready, _, _ = select.select([fd], [], [], remaining)
+    if not ready:
+      continue
+    chunk = os.read(fd, 1 << 16)
+    if not chunk:
+      return bytes(data), "ok"
+    if len(data) + len(chunk) > cap:
+      return b"", "output_limit"
+    data += chunk
+    at = data.find(marker)
+    if at >= 0 and data.find(b"\n", at + len(marker)) >= 0:
+      return bytes(data), "ok"
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+  try:
+    os.killpg(proc.pid, signal.SIGKILL)
+  except (ProcessLookupError, PermissionError):
+    pass
 
 
 def _survivors(session: int, uid: int | None) -> list[int]:
-    """Live (non-zombie) processes in the sandbox's session or owned by its uid."""
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/status", encoding="ascii", errors="replace") as f:
-                fields = dict(line.split(":", 1) for line in f if ":" in line)
-        except OSError:
-            continue
-        state, real_uid = fields.get("State", "").split(), fields.get("Uid", "").split()
-        sid = fields.get("NSsid", "").split()
-        if state[:1] == ["Z"] or not real_uid or not sid:
-            continue
-        if int(sid[0]) == session or (uid is not None and int(real_uid[0]) == uid):
-            found.append(int(name))
-    return found
+  """Live (non-zombie) processes in the sandbox's session or owned by its uid."""
+  found = []
+  for name in os.listdir("/proc"):
+    if not name.isdigit():
+      continue
+    try:
+      with open(f"/proc/{name}/status", encoding="ascii", errors="replace") as f:
+        fields = dict(line.split(":", 1) for line in f if ":" in line)
+    except OSError:
+      continue
+    state, real_uid = fields.get("State", "").split(), fields.get("Uid", "").split()
+    sid = fields.get("NSsid", "").split()
+    if state[:1] == ["Z"] or not real_uid or not sid:
+      continue
+    if int(sid[0]) == session or (uid is not None and int(real_uid[0]) == uid):
+      found.append(int(name))
+  return found
 
 
 def _reap(session: int, uid: int | None, timeout: float = 2.0) -> None:
-    """SIGKILL whatever the sandbox left until nothing is left (bounded)."""
-    deadline = time.monotonic() + timeout
-    while (left := _survivors(session, uid)) and time.monotonic() < deadline:
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        time.sleep(0.002)
+  """SIGKILL whatever the sandbox left until nothing is left (bounded)."""
+  deadline = time.monotonic() + timeout
+  while (left := _survivors(session, uid)) and time.monotonic() < deadline:
+    for pid in left:
+      try:
+        os.kill(pid, signal.SIGKILL)
+      except (ProcessLookupError, PermissionError):
+        pass
+    time.sleep(0.002)
 
 
 def _command(isolation: str, uid: int | None, scratch: str, limits: SandboxLimits) -> tuple[list[str], dict, str]:
-    """(argv, environment, candidate's work directory) for one sandbox."""
-    harness = [_python(), "-I", "-S", "-B", "-c", _harness_source()]
-    if isolation == "basic":
-        if uid is not None:
-            os.chown(scratch, uid, uid)
-        os.chmod(scratch, 0o700)
-        return harness, {}, scratch
-    unshare, sh = _namespace_tools()
-    argv = [
-        unshare, "--net", "--mount", "--pid", "--ipc", "--uts", "--fork", "--kill-child", "--",
-        sh, "-c", _namespace_script(), "sandbox-setup", scratch, str(uid), str(limits.work_dir_mb), *harness,
-    ]
-    return argv, {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, NAMESPACE_WORKDIR
+  """(argv, environment, candidate's work directory) for one sandbox."""
+  harness = [_python(), "-I", "-S", "-B", "-c", _harness_source()]
+  if isolation == "basic":
+    if uid is not None:
+      os.chown(scratch, uid, uid)
+    os.chmod(scratch, 0o700)
+    return harness, {}, scratch
+  unshare, sh = _namespace_tools()
+  argv = [
+    unshare,
+    "--net",
+    "--mount",
+    "--pid",
+    "--ipc",
+    "--uts",
+    "--fork",
+    "--kill-child",
+    "--",
+    sh,
+    "-c",
+    _namespace_script(),
+    "sandbox-setup",
+    scratch,
+    str(uid),
+    str(limits.work_dir_mb),
+    *harness,
+  ]
+  return argv, {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, NAMESPACE_WORKDIR
 
 
 def _feed(pipe, payload: bytes) -> None:
-    """Write the job and close stdin (in a thread: a large job must not block the deadline)."""
-    try:
-        pipe.write(payload)
-        pipe.close()
-    except OSError:  # it died before reading the job
-        pass
+  """Write the job and close stdin (in a thread: a large job must not block the deadline)."""
+  try:
+    pipe.write(payload)
+    pipe.close()
+  except OSError:  # it died before reading the job
+    pass
 
 
 def run_program(code: str, tests: Sequence[Test], limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
-    """Run `code` against `tests` in a fresh sandbox; never raises for anything the code does."""
-    isolation = available_isolation() if limits.isolation == "auto" else limits.isolation
-    if isolation == "namespaces" and _namespace_tools() is None:
-        raise RuntimeError("namespace isolation needs root and the unshare, mount and chroot commands")
-    drop_uid = isolation == "namespaces" or (os.geteuid() == 0 and _stdlib_readable_by_others())
-    uid = _UID_BASE + secrets.randbelow(_UID_SPAN) if drop_uid else None
-    rlimits = {
-        "RLIMIT_CPU": limits.cpu_seconds,
-        "RLIMIT_AS": limits.memory_mb << 20,
-        "RLIMIT_FSIZE": limits.file_size_mb << 20,
-        "RLIMIT_NOFILE": limits.max_open_files,
-        "RLIMIT_CORE": 0,
-        **({"RLIMIT_NPROC": limits.max_processes} if uid is not None else {}),
+  """Run `code` against `tests` in a fresh sandbox; never raises for anything the code does."""
+  isolation = available_isolation() if limits.isolation == "auto" else limits.isolation
+  if isolation == "namespaces" and _namespace_tools() is None:
+    raise RuntimeError("namespace isolation needs root and the unshare, mount and chroot commands")
+  drop_uid = isolation == "namespaces" or (os.geteuid() == 0 and _stdlib_readable_by_others())
+  uid = _UID_BASE + secrets.randbelow(_UID_SPAN) if drop_uid else None
+  rlimits = {
+    "RLIMIT_CPU": limits.cpu_seconds,
+    "RLIMIT_AS": limits.memory_mb << 20,
+    "RLIMIT_FSIZE": limits.file_size_mb << 20,
+    "RLIMIT_NOFILE": limits.max_open_files,
+    "RLIMIT_CORE": 0,
+    **({"RLIMIT_NPROC": limits.max_processes} if uid is not None else {}),
+  }
+  nonce = secrets.token_hex(16).encode()
+  scratch = tempfile.mkdtemp(prefix="ragen_sandbox_")
+  try:
+    argv, env, workdir = _command(isolation, uid, scratch, limits)
+    job = {
+      "nonce": nonce.decode(),
+      "code": code,
+      "tests": [_job_test(t) for t in tests],
+      "workdir": workdir,
+      "uid": uid if isolation == "basic" else None,  # namespaces: chroot --userspec already dropped it
+      "limits": rlimits,
+      "audit": limits.audit_hook,
+      "max_test_output": limits.max_test_output,
     }
-    nonce = secrets.token_hex(16).encode()
-    scratch = tempfile.mkdtemp(prefix="ragen_sandbox_")
+    start = time.monotonic()
+    proc = subprocess.Popen(
+      argv,
+      stdin=subprocess.PIPE,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      cwd=scratch,
+      env=env,
+      start_new_session=True,
+      close_fds=True,
+    )
     try:
-        argv, env, workdir = _command(isolation, uid, scratch, limits)
-        job = {
-            "nonce": nonce.decode(), "code": code, "tests": [_job_test(t) for t in tests], "workdir": workdir,
-            "uid": uid if isolation == "basic" else None,  # namespaces: chroot --userspec already dropped it
-            "limits": rlimits, "audit": limits.audit_hook,
-            "max_test_output": limits.max_test_output,
-        }
-        start = time.monotonic()
-        proc = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            cwd=scratch, env=env, start_new_session=True, close_fds=True,
-        )
-        try:
-            threading.Thread(target=_feed, args=(proc.stdin, json.dumps(job).encode()), daemon=True).start()
-            data, status = _read_capped(proc, start + limits.wall_seconds, limits.max_output_bytes, b"\n" + nonce)
-        finally:
-            _kill_group(proc)
-            proc.stdout.close()
-            returncode = proc.wait()
-            _reap(proc.pid, uid)
-        elapsed = time.monotonic() - start
+      threading.Thread(target=_feed, args=(proc.stdin, json.dumps(job).encode()), daemon=True).start()
+      data, status = _read_capped(proc, start + limits.wall_seconds, limits.max_output_bytes, b"\n" + nonce)
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    outcomes = _parse_report(data, nonce, len(tests)) if status == "ok" else None
-    if outcomes is None:
-        status = "no_result" if status == "ok" else status
-        feedback = {"timeout": "time limit exceeded", "output_limit": "output limit exceeded"}.get(
-            status, f"the program did not finish normally (exit status {returncode})")
-        return SandboxResult(status, (False,) * len(tests), feedback, elapsed, returncode, isolation, uid)
-    judged = [_judge(t, o) for t, o in zip(tests, outcomes)]
-    feedback = next((line for ok, line in judged if not ok and line), "")
-    return SandboxResult("ok", tuple(ok for ok, _ in judged), feedback, elapsed, returncode, isolation, uid)
+      _kill_group(proc)
+      proc.stdout.close()
+      returncode = proc.wait()
+      _reap(proc.pid, uid)
+    elapsed = time.monotonic() - start
+  finally:
+    shutil.rmtree(scratch, ignore_errors=True)
+  outcomes = _parse_report(data, nonce, len(tests)) if status == "ok" else None
+  if outcomes is None:
+    status = "no_result" if status == "ok" else status
+    feedback = {"timeout": "time limit exceeded", "output_limit": "output limit exceeded"}.get(
+      status, f"the program did not finish normally (exit status {returncode})"
+    )
+    return SandboxResult(status, (False,) * len(tests), feedback, elapsed, returncode, isolation, uid)
+  judged = [_judge(t, o) for t, o in zip(tests, outcomes)]
+  feedback = next((line for ok, line in judged if not ok and line), "")
+  return SandboxResult("ok", tuple(ok for ok, _ in judged), feedback, elapsed, returncode, isolation, uid)
 
 
 def _parse_report(data: bytes, nonce: bytes, num_tests: int) -> list[dict] | None:
-    """The harness's result line (a Python literal after the nonce), or None."""
-    at = data.rfind(b"\n" + nonce)
-    if at < 0:
-        return None
-    line = data[at + 1 + len(nonce):].split(b"\n", 1)[0]
-    try:
-        outcomes = ast.literal_eval(line.decode("ascii"))
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError, UnicodeDecodeError):
-        return None
-    if not isinstance(outcomes, list) or len(outcomes) != num_tests or not all(isinstance(o, dict) for o in outcomes):
-        return None
-    return outcomes
+  """The harness's result line (a Python literal after the nonce), or None."""
+  at = data.rfind(b"\n" + nonce)
+  if at < 0:
+    return None
+  line = data[at + 1 + len(nonce) :].split(b"\n", 1)[0]
+  try:
+    outcomes = ast.literal_eval(line.decode("ascii"))
+  except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError, UnicodeDecodeError):
+    return None
+  if not isinstance(outcomes, list) or len(outcomes) != num_tests or not all(isinstance(o, dict) for o in outcomes):
+    return None
+  return outcomes
 
 
 @functools.cache
 def _harness_source() -> str:
-    with open(HARNESS_PATH, encoding="utf-8") as f:
-        return f.read()
+  with open(HARNESS_PATH, encoding="utf-8") as f:
+    return f.read()
 
 
 class SandboxPool:
-    """At most `max_workers` sandboxes at once (default: twice the CPU count, as
-    a sandbox spends part of its life waiting on process start-up), shared by
-    every caller (any thread)."""
+  """At most `max_workers` sandboxes at once (default: twice the CPU count, as
+  a sandbox spends part of its life waiting on process start-up), shared by
+  every caller (any thread)."""
 
-    def __init__(self, max_workers: int | None = None):
-        self.max_workers = max_workers or 2 * (os.cpu_count() or 1)
-        self._slots = threading.BoundedSemaphore(self.max_workers)
+  def __init__(self, max_workers: int | None = None):
+    self.max_workers = max_workers or 2 * (os.cpu_count() or 1)
+    self._slots = threading.BoundedSemaphore(self.max_workers)
 
-    def run(self, code: str, tests: Sequence[Test], limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
-        with self._slots:
-            return run_program(code, tests, limits)
+  def run(self, code: str, tests: Sequence[Test], limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
+    with self._slots:
+      return run_program(code, tests, limits)
 
-    def map(self, jobs: Sequence[tuple[str, Sequence[Test]]],
-            limits: SandboxLimits = SandboxLimits()) -> list[SandboxResult]:
-        """Run many (code, tests) jobs concurrently; results in job order."""
-        with ThreadPoolExecutor(self.max_workers) as executor:
-            return list(executor.map(lambda job: self.run(job[0], job[1], limits), jobs))
+  def map(
+    self, jobs: Sequence[tuple[str, Sequence[Test]]], limits: SandboxLimits = SandboxLimits()
+  ) -> list[SandboxResult]:
+    """Run many (code, tests) jobs concurrently; results in job order."""
+    with ThreadPoolExecutor(self.max_workers) as executor:
+      return list(executor.map(lambda job: self.run(job[0], job[1], limits), jobs))
 
 
 @functools.cache
 def default_pool() -> SandboxPool:
-    return SandboxPool()
+  return SandboxPool()
