@@ -4,7 +4,8 @@
 
 A random model and a synthetic batch (G groups × S episodes of three turns, ~300 tokens:
 a shared 100-token first prompt, replies of 16–48 reasoning tokens + `</think>` + 8
-answer tokens, 30-token observations). Times, best of `--repeats`:
+answer tokens, 30-token observations; `--prompt-tokens` / `--observation-tokens` make
+the context longer). Times, best of `--repeats`, in process CPU seconds:
   (a) the whole jitted update (GRPO preset, SNR filter on) without and with the
       diagnostics at compute_freq 1, both variants, R = 64: share = extra / with; and
       the rollout's model work (the sampler generating the batch's token counts) for the
@@ -16,10 +17,10 @@ answer tokens, 30-token observations). Times, best of `--repeats`:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -28,7 +29,6 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
-from bench.common import timed  # noqa: E402
 from ragen_jax import sampling  # noqa: E402
 from ragen_jax.diagnostics import cross_scoring as xs  # noqa: E402
 from ragen_jax.diagnostics.collapse import CollapseConfig, init_diagnostics_state, make_diagnostics_fn  # noqa: E402
@@ -40,10 +40,26 @@ from tests.diagnostics.batch_fixtures import make_batch, random_episodes  # noqa
 TURNS = 3
 
 
-def synthetic_batch(groups: int, group_size: int, vocab: int, seed: int = 0):
-  episodes = random_episodes(np.random.default_rng(seed), groups, group_size, TURNS, vocab, prompt_len=(100, 100),
-                             reasoning_len=(16, 48), answer_len=(8, 8), obs_len=(30, 30), open_share=0.05,
-                             min_turns=TURNS)
+def timed(fn, *args, repeats: int):
+  """((wall, process CPU) best seconds, last result) of fn(*args); CPU time is what other load
+  on a shared machine does not inflate, so shares are computed from it."""
+  wall, cpu, out = float("inf"), float("inf"), None
+  for _ in range(repeats):
+    start_wall, start_cpu = time.perf_counter(), time.process_time()
+    out = jax.block_until_ready(fn(*args))
+    wall, cpu = min(wall, time.perf_counter() - start_wall), min(cpu, time.process_time() - start_cpu)
+  return (wall, cpu), out
+
+
+def seconds_text(wall_cpu) -> str:
+  return f"{wall_cpu[0]:8.3f} s wall {wall_cpu[1]:8.3f} s cpu"
+
+
+def synthetic_batch(groups: int, group_size: int, vocab: int, prompt_tokens: int = 100,
+                    observation_tokens: int = 30, seed: int = 0):
+  episodes = random_episodes(np.random.default_rng(seed), groups, group_size, TURNS, vocab,
+                             prompt_len=(prompt_tokens, prompt_tokens), reasoning_len=(16, 48), answer_len=(8, 8),
+                             obs_len=(observation_tokens, observation_tokens), open_share=0.05, min_turns=TURNS)
   seq_len = max(len(e.turn_texts()[-1][0]) + len(e.turns[-1].reply) for e in episodes)
   return make_batch(episodes, -(-seq_len // 16) * 16, TURNS)
 
@@ -75,7 +91,7 @@ def naive_cross_logp(config: ModelConfig, params, batch, pairs: xs.CrossPairs, m
   return jax.lax.map(column, (prompts_NT, prompt_len_N)).T
 
 
-def generation_seconds(config: ModelConfig, params, batch, repeats: int) -> float:
+def generation_seconds(config: ModelConfig, params, batch, repeats: int) -> tuple[float, float]:
   """Time to generate this batch's token counts with the sampler (prefill the first prompt,
   then per turn decode the longest reply and extend the observation), as a rollout would."""
   first = int(batch.response_start[0, 0])
@@ -95,9 +111,8 @@ def generation_seconds(config: ModelConfig, params, batch, repeats: int) -> floa
         state = sampling.extend(config, params, state, chunk, jnp.ones(chunk.shape, bool))
     return gen.tokens_BN
 
-  jax.block_until_ready(rollout(params, batch.tokens, jax.random.key(0)))
-  seconds, _ = timed(rollout, params, batch.tokens, jax.random.key(0), repeats=repeats)
-  return seconds
+  rollout = rollout.lower(params, batch.tokens, jax.random.key(0)).compile()
+  return timed(rollout, params, batch.tokens, jax.random.key(0), repeats=repeats)[0]
 
 
 def main():
@@ -107,11 +122,14 @@ def main():
   parser.add_argument("--vocab", type=int, default=8192)
   parser.add_argument("--groups", type=int, default=8)
   parser.add_argument("--group-size", type=int, default=16)
+  parser.add_argument("--prompt-tokens", type=int, default=100, help="first prompt (system + first user turn)")
+  parser.add_argument("--observation-tokens", type=int, default=30, help="each later user turn")
   parser.add_argument("--samples", type=int, default=64)
   parser.add_argument("--max-reasoning-tokens", type=int, default=64)
-  parser.add_argument("--block-tokens", type=int, default=32)
-  parser.add_argument("--columns-per-step", type=int, default=1)
-  parser.add_argument("--rows-per-step", type=int, default=0, help="0: all rows in one step")
+  defaults = CollapseConfig()
+  parser.add_argument("--block-tokens", type=int, default=defaults.block_tokens)
+  parser.add_argument("--columns-per-step", type=int, default=defaults.columns_per_step)
+  parser.add_argument("--rows-per-step", type=int, default=defaults.rows_per_step, help="0: all rows in one step")
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--skip-naive", action="store_true")
   parser.add_argument("--skip-rollout", action="store_true")
@@ -120,7 +138,7 @@ def main():
   config = ModelConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=4 * args.hidden,
                        num_layers=args.layers, num_heads=args.hidden // 64, num_kv_heads=args.hidden // 64, head_dim=64)
   params = init_params(config, jax.random.key(0))
-  batch = synthetic_batch(args.groups, args.group_size, args.vocab)
+  batch = synthetic_batch(args.groups, args.group_size, args.vocab, args.prompt_tokens, args.observation_tokens)
   diag_cfg = CollapseConfig(num_samples=args.samples, max_reasoning_tokens=args.max_reasoning_tokens,
                             block_tokens=args.block_tokens, columns_per_step=args.columns_per_step,
                             rows_per_step=args.rows_per_step or None)
@@ -140,16 +158,17 @@ def main():
                                                                             args.group_size))]:
     update = jax.jit(make_update_fn(config, update_cfg, tx, diagnostics_fn=diagnostics_fn))
     state = init_train_state(params, tx, jax.random.key(1), diagnostics=init_diagnostics_state(diag_cfg))
-    _, metrics = jax.block_until_ready(update(state, params, batch))  # compile
-    times[name], _ = timed(update, state, params, batch, repeats=args.repeats)
-    print(f"{name:<40s} {times[name]:8.3f} s", flush=True)
-  extra = times["update + diagnostics"] - times["update"]
+    update = update.lower(state, params, batch).compile()
+    times[name], (_, metrics) = timed(update, state, params, batch, repeats=args.repeats)
+    print(f"{name:<40s} {seconds_text(times[name])}", flush=True)
+  with_diag = times["update + diagnostics"][1]
+  extra = with_diag - times["update"][1]
   print(f"kept groups {float(metrics['filter_kept_count']):.0f}/{args.groups}; "
-        f"diagnostics share of the update: {extra / times['update + diagnostics']:.1%} (+{extra:.3f} s)", flush=True)
+        f"diagnostics share of the update: {extra / with_diag:.1%} (+{extra:.3f} s cpu)", flush=True)
   if not args.skip_rollout:
     generation = generation_seconds(config, params, batch, args.repeats)
-    print(f"{'generation (rollout model work)':<40s} {generation:8.3f} s; diagnostics share of rollout + update: "
-          f"{extra / (generation + times['update + diagnostics']):.1%}", flush=True)
+    print(f"{'generation (rollout model work)':<40s} {seconds_text(generation)}; diagnostics share of "
+          f"rollout + update: {extra / (generation[1] + with_diag):.1%}", flush=True)
 
   # (b) the scorer alone, its prefill alone, and the naive way.
   window = batch.seq_len
@@ -161,20 +180,20 @@ def main():
     scorer = jax.jit(functools.partial(xs.score_pairs, config, max_reasoning_tokens=args.max_reasoning_tokens,
                                        prompt_window=window, block_tokens=args.block_tokens,
                                        columns_per_step=args.columns_per_step, rows_per_step=args.rows_per_step or None))
-    cached, _ = jax.block_until_ready(scorer(params, batch, pairs))
-    seconds, _ = timed(scorer, params, batch, pairs, repeats=args.repeats)
+    scorer = scorer.lower(params, batch, pairs).compile()
+    seconds, (cached, _) = timed(scorer, params, batch, pairs, repeats=args.repeats)
     prefill_only, _ = timed(scorer, params, batch, pairs.replace(row_mask=jnp.zeros_like(pairs.row_mask)),
                             repeats=args.repeats)
     rows, cols = pairs.row_mask.shape[0], pairs.col_episode.shape[0]
-    print(f"{variant}: R={rows} × N={cols}; cached scorer {seconds:.3f} s, of which prompt prefill "
-          f"{prefill_only:.3f} s", flush=True)
+    print(f"{variant}: R={rows} × N={cols}; cached scorer {seconds_text(seconds)}, of which prompt prefill "
+          f"{prefill_only[1]:.3f} s cpu", flush=True)
     if not args.skip_naive:
       naive = jax.jit(functools.partial(naive_cross_logp, config, max_tokens=args.max_reasoning_tokens))
-      reference = jax.block_until_ready(naive(params, batch, pairs))
-      naive_seconds, _ = timed(naive, params, batch, pairs, repeats=args.repeats)
+      naive = naive.lower(params, batch, pairs).compile()
+      naive_seconds, reference = timed(naive, params, batch, pairs, repeats=1)
       gap = float(jnp.max(jnp.abs(reference - cached)))
-      print(f"{variant}: naive R×N full sequences {naive_seconds:.3f} s = {naive_seconds / seconds:.1f}x the cached "
-            f"scorer (max |ΔS| {gap:.1e})", flush=True)
+      print(f"{variant}: naive R×N full sequences {seconds_text(naive_seconds)} = "
+            f"{naive_seconds[1] / seconds[1]:.1f}x the cached scorer (max |ΔS| {gap:.1e})", flush=True)
 
 
 if __name__ == "__main__":

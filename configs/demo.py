@@ -22,9 +22,9 @@ def get_config():
   c.demo.num_layers = 4
   c.demo.num_heads = 4
   c.demo.num_kv_heads = 2
-  c.demo.sft_episodes = 192       # per environment
-  c.demo.sft_steps = 300
-  c.demo.sft_batch_size = 16
+  c.demo.sft_episodes = 128       # per environment
+  c.demo.sft_steps = 150
+  c.demo.sft_batch_size = 8
   c.demo.sft_lr = 3e-3
   c.demo.mistake_rate = 0.3       # share of demonstration turns with one wrong move
 
@@ -33,7 +33,7 @@ def get_config():
   c.rollout.max_actions_per_traj = 8
 
   c.algorithm.preset = "grpo"
-  c.train.iterations = 16
+  c.train.iterations = 12
   c.train.env_groups = 8
   c.train.group_size = 8
   c.train.mini_batch_size = 32

@@ -7,6 +7,7 @@ so a broken save never loses the last good state.
 from __future__ import annotations
 
 import logging
+import os
 
 import jax
 import orbax.checkpoint as ocp
@@ -17,6 +18,8 @@ class Checkpointer:
 
   def __init__(self, directory: str, every: int, max_to_keep: int):
     self.every = every
+    if "://" not in directory:  # orbax wants absolute local paths; gs:// and other URLs pass through
+      directory = os.path.abspath(directory)
     options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True, enable_async_checkpointing=False)
     self._manager = ocp.CheckpointManager(directory, options=options)
 

@@ -53,7 +53,7 @@ class CollapseConfig:
   variants: tuple[str, ...] = VARIANTS
   marginal: str = "paper"
   ema_decay: float = 0.9
-  max_reasoning_tokens: int = 128
+  max_reasoning_tokens: int = 256
   max_prompt_tokens: int | None = None
   block_tokens: int = 16
   columns_per_step: int = 8
