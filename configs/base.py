@@ -90,6 +90,10 @@ def get_config():
   c.diagnostics.compute_freq = 1
   c.diagnostics.num_samples = 64
   c.diagnostics.marginal = "paper"
+  c.diagnostics.max_reasoning_tokens = 256
+  c.diagnostics.grad_analysis = False
+  c.diagnostics.num_buckets = 6
+  c.diagnostics.bucket_mode = "quantile"
   c.diagnostics.alarm_window = 4
   c.diagnostics.alarm_drop = 0.5
   c.diagnostics.alarm_entropy_tolerance = 0.1

@@ -24,6 +24,8 @@ from ragen_jax import config as config_lib
 from ragen_jax import mesh as mesh_lib
 from ragen_jax.checkpoint import Checkpointer, abstract_like
 from ragen_jax.diagnostics.alarm import AlarmConfig, AlarmState, update_alarm
+from ragen_jax.diagnostics.collapse import (CollapseConfig, init_diagnostics_state, make_diagnostics_fn,
+                                            make_grad_analysis_fn)
 from ragen_jax.models import Model, bundled_model_dir, load_pretrained
 from ragen_jax.models.model import abstract_params, input_sharding, param_shardings
 from ragen_jax.report.writer import MetricWriter
@@ -59,6 +61,7 @@ class Experiment:
   critic_tx: optax.GradientTransformation | None
   early_stop: early_stop.EarlyStopConfig
   alarm: AlarmConfig
+  collapse: CollapseConfig
 
   @property
   def seq_len(self) -> int:
@@ -85,6 +88,14 @@ def rollout_config_from(config) -> RolloutConfig:
                        max_actions_per_turn=config.rollout.max_actions_per_turn,
                        max_actions_per_traj=config.rollout.max_actions_per_traj,
                        format_penalty=config.rollout.format_penalty, rule=rule)
+
+
+def collapse_config_from(cfg, max_new_tokens: int) -> CollapseConfig:
+  """The collapse-diagnostics settings of a config's `diagnostics` block."""
+  return CollapseConfig(enabled=cfg.enabled, compute_freq=cfg.compute_freq, num_samples=cfg.num_samples,
+                        marginal=cfg.marginal, max_reasoning_tokens=min(cfg.max_reasoning_tokens, max_new_tokens),
+                        grad_analysis=cfg.grad_analysis, num_buckets=cfg.num_buckets,
+                        bucket_mode=cfg.bucket_mode)
 
 
 def _optimizer(lr: float, cfg) -> optax.GradientTransformation:
@@ -116,6 +127,7 @@ def build_experiment(config) -> Experiment:
   stop_cfg = early_stop.EarlyStopConfig(**config.early_stop.to_dict())
   alarm = AlarmConfig(window=config.diagnostics.alarm_window, drop=config.diagnostics.alarm_drop,
                       entropy_tolerance=config.diagnostics.alarm_entropy_tolerance)
+  collapse = collapse_config_from(config.diagnostics, config.rollout.max_new_tokens)
 
   mesh = mesh_lib.mesh_from_config(config.mesh)
   batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]
@@ -135,7 +147,7 @@ def build_experiment(config) -> Experiment:
                     make_text_env=make_text_env,
                     rollout=rollout, val_rollout=val_rollout, assets=assets, update_config=update_config,
                     policy_tx=_optimizer(config.train.actor_lr, config.train), critic_tx=critic_tx,
-                    early_stop=stop_cfg, alarm=alarm)
+                    early_stop=stop_cfg, alarm=alarm, collapse=collapse)
 
 
 def initial_state(exp: Experiment) -> TrainState:
@@ -149,7 +161,8 @@ def initial_state(exp: Experiment) -> TrainState:
     value_head = jax.tree.map(lambda a, s: jax.device_put(jnp.zeros(a.shape, a.dtype), s), abstract, shardings)
     critic = {**copy(exp.model.params), "value_head": value_head}
   key = jax.random.PRNGKey(exp.config.seed)
-  state = init_train_state(policy, exp.policy_tx, key, critic, exp.critic_tx)
+  diagnostics = init_diagnostics_state(exp.collapse) if exp.collapse.enabled else None
+  state = init_train_state(policy, exp.policy_tx, key, critic, exp.critic_tx, diagnostics)
   return mesh_lib.put_replicated_if_elsewhere(state, exp.mesh)
 
 
@@ -179,7 +192,12 @@ class Trainer:
     self.state = initial_state(exp)
     self.ref_params = exp.model.params if exp.update_config.algorithm.loss.use_kl_loss else None
     state_shardings = jax.tree.map(lambda x: x.sharding, self.state)
-    update = make_update_fn(exp.model.config, exp.update_config, exp.policy_tx, exp.critic_tx)
+    update_cfg = exp.update_config
+    diagnostics_fn = make_diagnostics_fn(exp.model.config, exp.collapse, update_cfg.num_groups, update_cfg.group_size)
+    grad_analysis_fn = make_grad_analysis_fn(exp.model.config, exp.collapse, update_cfg.algorithm.loss,
+                                             update_cfg.num_groups, update_cfg.micro_batch_size)
+    update = make_update_fn(exp.model.config, update_cfg, exp.policy_tx, exp.critic_tx, diagnostics_fn,
+                            grad_analysis_fn)
     self._update = jax.jit(update, out_shardings=(state_shardings, None), donate_argnums=(0,))
     self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"), exp.config.train.checkpoint_every,
                                      exp.config.train.max_to_keep)

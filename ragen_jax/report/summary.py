@@ -17,7 +17,7 @@ PANELS = (
     ("SNR filter kept ratio", ("update/filter_kept_ratio",)),
     ("input dependence (MI)", ("update/collapse/trajectory/mi_zscore", "update/collapse/first_turn/mi_zscore",
                                "update/collapse/trajectory/retrieval_accuracy")),
-    ("entropy", ("update/policy_entropy", "update/collapse/reasoning_entropy")),
+    ("entropy", ("update/policy_entropy", "update/collapse/reasoning_token_entropy")),
     ("losses", ("update/pg_loss", "update/kl_loss", "update/value_loss")),
 )
 

@@ -106,11 +106,13 @@ def _loss_weight(mask_BT, agg: str):
 
 def make_update_fn(model_config: ModelConfig, cfg: UpdateConfig, policy_tx: optax.GradientTransformation,
                    critic_tx: optax.GradientTransformation | None = None,
-                   diagnostics_fn: Callable | None = None):
+                   diagnostics_fn: Callable | None = None, grad_analysis_fn: Callable | None = None):
   """Builds `update(state, ref_params, batch) -> (state, metrics)`.
 
   `diagnostics_fn(policy_params, diagnostics_state, batch, old_logp_BT, entropy_BT, key)
   -> (diagnostics_state, metrics)` (optional) runs on the pre-update policy, before filtering.
+  `grad_analysis_fn(policy_params, batch, old_logp_BT, advantages_BT, loss_mask_BT, ref_logp_BT,
+  scores_G, step) -> metrics` (optional) gets advantages of every group (unfiltered).
   """
   algo, loss_cfg = cfg.algorithm, cfg.algorithm.loss
   use_critic = algo.use_critic
@@ -203,6 +205,10 @@ def make_update_fn(model_config: ModelConfig, cfg: UpdateConfig, policy_tx: opta
     train_mask = batch.loss_mask & kept_B[:, None]
     adv, returns = advantages(batch, values, train_mask)
     scale = snr_filter.loss_scale(keep_G, cfg.filter.loss_scaling)
+    if grad_analysis_fn is not None:
+      all_adv, _ = advantages(batch, values, batch.loss_mask)
+      metrics |= grad_analysis_fn(state.policy, batch, old_logp, all_adv, batch.loss_mask, ref_logp, scores_G,
+                                  state.step)
 
     per_episode = {"tokens": batch.tokens, "valid": batch.valid, "mask": train_mask, "old_logp": old_logp,
                    "adv": adv}
