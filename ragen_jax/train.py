@@ -40,6 +40,7 @@ from ragen_jax.sampling import SamplingRule
 from ragen_jax.trajectories import Trajectories
 
 CONTEXT_MODES = ("full",)
+DIAGNOSTIC_PREFIXES = ("collapse/", "grad_analysis/")  # logged under their own names, not update/
 
 
 @dataclasses.dataclass
@@ -238,7 +239,8 @@ class Trainer:
       self.state, metrics = self._update(self.state, self.ref_params, traj)
       metrics = jax.device_get(metrics)
     updated = time.perf_counter()
-    out = rollout_metrics(traj, "train") | {f"update/{k}": float(v) for k, v in metrics.items()}
+    out = rollout_metrics(traj, "train") | {
+        (k if k.startswith(DIAGNOSTIC_PREFIXES) else f"update/{k}"): float(v) for k, v in metrics.items()}
     out |= {"time/rollout_s": rolled - start, "time/update_s": updated - rolled, "time/iteration_s": updated - start}
     return out
 
@@ -279,7 +281,7 @@ class Trainer:
         progress.update(1)
         progress.set_postfix({k.split("/")[-1]: f"{metrics[k]:.3g}" for k in (
             "train/success", "train/score", "val/success", "update/filter_kept_ratio",
-            "update/collapse/trajectory/mi_zscore") if k in metrics}, refresh=False)
+            "collapse/trajectory/mi_zscore") if k in metrics}, refresh=False)
         last = metrics
         if reason:
           logging.warning("early stop at iteration %d: %s", self.iteration, reason)
@@ -298,8 +300,8 @@ class Trainer:
     if "val/success" in metrics and reason is None:
       self.stop_state, reason = early_stop.after_validation(self.stop_state, self.exp.early_stop,
                                                             metrics["val/success"])
-    zscore = metrics.get("update/collapse/trajectory/mi_zscore")
-    if zscore is not None and metrics.get("update/collapse/computed", 1.0):
+    zscore = metrics.get("collapse/trajectory/mi_zscore")
+    if zscore is not None and metrics.get("collapse/computed", 1.0):
       self.alarm_state, alarm = update_alarm(self.alarm_state, self.exp.alarm, zscore,
                                              metrics.get("update/policy_entropy", float("nan")))
       metrics["collapse/alarm"] = float(alarm.fired)

@@ -15,9 +15,9 @@ PANELS = (
     ("validation success", ("val/success",)),
     ("reward and in-group reward std", ("train/score", "update/in_group_reward_std")),
     ("SNR filter kept ratio", ("update/filter_kept_ratio",)),
-    ("input dependence (MI)", ("update/collapse/trajectory/mi_zscore", "update/collapse/first_turn/mi_zscore",
-                               "update/collapse/trajectory/retrieval_accuracy")),
-    ("entropy", ("update/policy_entropy", "update/collapse/reasoning_token_entropy")),
+    ("input dependence (MI)", ("collapse/trajectory/mi_zscore", "collapse/first_turn/mi_zscore",
+                               "collapse/trajectory/retrieval_accuracy")),
+    ("entropy", ("update/policy_entropy", "collapse/reasoning_token_entropy")),
     ("losses", ("update/pg_loss", "update/kl_loss", "update/value_loss")),
 )
 
