@@ -118,3 +118,13 @@ def run_plan(plan: Sequence[Sequence[str]], dry_run: bool, cwd: pathlib.Path | N
     if code:
       return code
   return 0
+
+
+def main(parser, argv=None, cwd=None) -> int:
+  """Parses `argv`, builds the chosen subcommand's plan (argument errors exit early) and runs it."""
+  args = parser.parse_args(argv)
+  try:
+    plan = args.plan(args)
+  except ValueError as e:
+    parser.error(str(e))
+  return run_plan(plan, args.dry_run, cwd=cwd)

@@ -113,13 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  parser = build_parser()
-  args = parser.parse_args(argv)
-  try:
-    plan = args.plan(args)
-  except ValueError as e:
-    parser.error(str(e))
-  return commands.run_plan(plan, args.dry_run, cwd=commands.ROOT)
+  return commands.main(build_parser(), argv, cwd=commands.ROOT)
 
 
 if __name__ == "__main__":
