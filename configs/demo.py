@@ -33,14 +33,14 @@ def get_config():
   c.rollout.max_actions_per_traj = 8
 
   c.algorithm.preset = "grpo"
-  c.train.iterations = 12
+  c.train.iterations = 24
   c.train.env_groups = 8
   c.train.group_size = 8
   c.train.mini_batch_size = 32
   c.train.micro_batch_size = 16
-  c.train.actor_lr = 2e-4
-  c.train.val_every = 4
-  c.train.val_episodes = 64
+  c.train.actor_lr = 1e-4
+  c.train.val_every = 6
+  c.train.val_episodes = 128
   c.train.checkpoint_every = 8
   c.diagnostics.num_samples = 32
   return c
