@@ -106,6 +106,9 @@ def _optimizer(lr: float, cfg) -> optax.GradientTransformation:
 
 def build_experiment(config) -> Experiment:
   """Validates the config and builds models, envs, tables and optimizers (nothing compiled yet)."""
+  if config.distributed.enabled:
+    raise config_lib.ConfigError("distributed.enabled=True: multi-host training is not implemented yet; every "
+                                 "host would train on its own. Run on one host (any number of local devices).")
   if config.rollout.context_window_mode not in CONTEXT_MODES:
     raise config_lib.ConfigError(f"rollout.context_window_mode {config.rollout.context_window_mode!r} is not "
                                  f"supported on the device path; use one of {CONTEXT_MODES}")

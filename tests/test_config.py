@@ -54,3 +54,14 @@ def test_paper_configs_build_their_update_settings(arg):
   algorithm = algorithm_from_config(config.algorithm)
   assert (algorithm.loss.clip_low, algorithm.loss.clip_high, algorithm.loss.entropy_coef) == (0.2, 0.28, 0.001)
   assert algorithm.use_critic == (preset == "ppo") and not algorithm.loss.use_kl_loss
+
+
+@pytest.mark.parametrize("key,value,message", [("distributed.enabled", True, "multi-host training is not implemented"),
+                                               ("rollout.context_window_mode", "single_turn", "not supported")])
+def test_unsupported_settings_fail_before_any_model_is_built(key, value, message):
+  from ragen_jax.train import build_experiment
+  config = config_lib.load_config_file(os.path.join(ROOT, "configs/tiny_test.py"))
+  section, name = key.split(".")
+  config[section][name] = value
+  with pytest.raises(config_lib.ConfigError, match=message):
+    build_experiment(config)
