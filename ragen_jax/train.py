@@ -202,7 +202,9 @@ class Trainer:
                                              update_cfg.num_groups, update_cfg.micro_batch_size)
     update = make_update_fn(exp.model.config, update_cfg, exp.policy_tx, exp.critic_tx, diagnostics_fn,
                             grad_analysis_fn)
-    self._update = jax.jit(update, out_shardings=(state_shardings, None), donate_argnums=(0,))
+    self._score = jax.jit(update.score)
+    self._diagnose = jax.jit(update.diagnose, out_shardings=(state_shardings, None), donate_argnums=(0,))
+    self._learn = jax.jit(update.learn, out_shardings=(state_shardings, None), donate_argnums=(0,))
     self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"), exp.config.train.checkpoint_every,
                                      exp.config.train.max_to_keep)
     self.iteration = 0
@@ -235,16 +237,26 @@ class Trainer:
     exp, cfg = self.exp, self.exp.config.train
     seeds = train_seeds(self.iteration, cfg.env_groups, cfg.group_size, cfg.seed_base)
     key = jax.random.fold_in(jax.random.PRNGKey(exp.config.seed), self.iteration)
-    start = time.perf_counter()
-    traj = jax.block_until_ready(self.rollout(seeds, cfg.group_size, exp.rollout, key))
-    rolled = time.perf_counter()
+    times = {}
+    clock = time.perf_counter()
+
+    def finish(phase, result):
+      nonlocal clock
+      result = jax.block_until_ready(result)
+      now = time.perf_counter()
+      times[f"time/{phase}_s"] = now - clock
+      clock = now
+      return result
+
+    traj = finish("rollout", self.rollout(seeds, cfg.group_size, exp.rollout, key))
     with jax.set_mesh(exp.mesh):
-      self.state, metrics = self._update(self.state, self.ref_params, traj)
-      metrics = jax.device_get(metrics)
-    updated = time.perf_counter()
+      scores = finish("scoring", self._score(self.state, self.ref_params, traj))
+      self.state, diag_metrics = finish("diagnostics", self._diagnose(self.state, traj, scores))
+      self.state, metrics = finish("update", self._learn(self.state, traj, scores))
+      metrics = jax.device_get(diag_metrics | metrics)
     out = rollout_metrics(traj, "train") | {
         (k if k.startswith(DIAGNOSTIC_PREFIXES) else f"update/{k}"): float(v) for k, v in metrics.items()}
-    out |= {"time/rollout_s": rolled - start, "time/update_s": updated - rolled, "time/iteration_s": updated - start}
+    out |= times | {"time/iteration_s": sum(times.values())}
     return out
 
   # ---- persistence ----------------------------------------------------------

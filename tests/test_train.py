@@ -32,6 +32,8 @@ def test_training_iterations_log_checkpoint_and_export(replying_model_dir, tmp_p
   for row in rows:
     assert all(math.isfinite(v) for v in row.values())
     assert 0.0 <= row["train/success"] <= 1.0
+    phases = [row[f"time/{phase}_s"] for phase in ("rollout", "scoring", "diagnostics", "update")]
+    assert all(t > 0 for t in phases) and row["time/iteration_s"] == pytest.approx(sum(phases))
   assert any(row["update/num_updates"] > 0 for row in rows), "the filter never let an update through"
   assert "val/success" in rows[1] and "val/success" not in rows[0]
   assert sorted(os.listdir(tmp_path / "checkpoints"), key=int)[-1] == "3"

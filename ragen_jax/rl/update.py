@@ -1,10 +1,11 @@
 """The jitted RL update of one iteration: score → filter → advantages → PPO epochs.
 
-`make_update_fn` returns a pure function `update(state, ref_params, batch) ->
-(state, metrics)`; the trainer jits it with explicit shardings and donates the
-state. Everything runs on static shapes: SNR-Aware Filtering produces a group
-mask, kept episodes are ordered first, and mini/micro-batches with nothing kept
-are skipped with `lax.cond` (so filtering saves compute without recompiling).
+`make_update_fn` returns `update(state, ref_params, batch) -> (state, metrics)`,
+made of three pure phases (score, diagnose, learn) that the trainer jits and
+times separately, with explicit shardings and the state donated. Everything
+runs on static shapes: SNR-Aware Filtering produces a group mask, kept episodes
+are ordered first, and mini/micro-batches with nothing kept are skipped with
+`lax.cond` (so filtering saves compute without recompiling).
 """
 
 from __future__ import annotations
@@ -104,10 +105,29 @@ def _loss_weight(mask_BT, agg: str):
   return jnp.sum(jnp.any(mask_BT, axis=1))
 
 
+@dataclasses.dataclass(frozen=True)
+class UpdateFn:
+  """The update as three pure phases (the trainer jits and times each one) or one call.
+
+  score(state, ref_params, batch) -> scores; diagnose(state, batch, scores) -> (state, metrics);
+  learn(state, batch, scores) -> (state, metrics); `update(state, ref_params, batch)` runs all three.
+  """
+
+  score: Callable
+  diagnose: Callable
+  learn: Callable
+
+  def __call__(self, state: TrainState, ref_params, batch: Trajectories):
+    scores = self.score(state, ref_params, batch)
+    state, diag_metrics = self.diagnose(state, batch, scores)
+    state, metrics = self.learn(state, batch, scores)
+    return state, diag_metrics | metrics
+
+
 def make_update_fn(model_config: ModelConfig, cfg: UpdateConfig, policy_tx: optax.GradientTransformation,
                    critic_tx: optax.GradientTransformation | None = None,
                    diagnostics_fn: Callable | None = None, grad_analysis_fn: Callable | None = None):
-  """Builds `update(state, ref_params, batch) -> (state, metrics)`.
+  """Builds the update (`UpdateFn`): `update(state, ref_params, batch) -> (state, metrics)`.
 
   `diagnostics_fn(policy_params, diagnostics_state, batch, old_logp_BT, entropy_BT, key)
   -> (diagnostics_state, metrics)` (optional) runs on the pre-update policy, before filtering.
@@ -120,14 +140,21 @@ def make_update_fn(model_config: ModelConfig, cfg: UpdateConfig, policy_tx: opta
     raise ValueError(f"advantage {algo.advantage!r} needs a critic optimizer")
   micro = cfg.micro_batch_size
 
-  def score(state: TrainState, ref_params, batch: Trajectories):
+  def score(state: TrainState, ref_params, batch: Trajectories) -> dict:
+    """Per-token log-probs and entropy of the batch under the pre-update policy (and the
+    reference model / critic when the algorithm uses them)."""
     old_logp, entropy = _micro_map(lambda t, v: token_logp_and_entropy(model_config, state.policy, t, v), micro,
                                    batch.tokens, batch.valid)
     ref_logp = (_micro_map(lambda t, v: token_logp_and_entropy(model_config, ref_params, t, v)[0], micro,
                            batch.tokens, batch.valid) if loss_cfg.use_kl_loss else None)
     values = (_micro_map(lambda t, v: token_values(model_config, state.critic, t, v), micro, batch.tokens,
                          batch.valid) if use_critic else None)
-    return old_logp, entropy, ref_logp, values
+    scores = {"old_logp": old_logp, "entropy": entropy}
+    if ref_logp is not None:
+      scores["ref_logp"] = ref_logp
+    if values is not None:
+      scores["values"] = values
+    return scores
 
   def advantages(batch: Trajectories, values, train_mask):
     if algo.advantage == "gae" and algo.bi_level_gae:
@@ -183,17 +210,29 @@ def make_update_fn(model_config: ModelConfig, cfg: UpdateConfig, policy_tx: opta
       metrics["critic_grad_norm"] = optax.global_norm(critic_grads)
     return new, metrics
 
-  def update(state: TrainState, ref_params, batch: Trajectories):
-    old_logp, entropy, ref_logp, values = score(state, ref_params, batch)
-    metrics = {"policy_entropy": masked_mean(entropy, batch.loss_mask)}
+  def group_scores(batch: Trajectories):
+    return snr_filter.group_scores(batch.score, batch.group_ids, cfg.num_groups, metric=cfg.filter.metric,
+                                   ddof=cfg.filter.ddof)
+
+  def diagnose(state: TrainState, batch: Trajectories, scores: dict):
+    """Collapse diagnostics and gradient analysis on the pre-update policy (all groups)."""
+    metrics = {}
     if diagnostics_fn is not None:
       key, diag_key = jax.random.split(state.key)
-      diag_state, diag_metrics = diagnostics_fn(state.policy, state.diagnostics, batch, old_logp, entropy, diag_key)
+      diag_state, metrics = diagnostics_fn(state.policy, state.diagnostics, batch, scores["old_logp"],
+                                           scores["entropy"], diag_key)
       state = state.replace(diagnostics=diag_state, key=key)
-      metrics |= diag_metrics
+    if grad_analysis_fn is not None:
+      all_adv, _ = advantages(batch, scores.get("values"), batch.loss_mask)
+      metrics |= grad_analysis_fn(state.policy, batch, scores["old_logp"], all_adv, batch.loss_mask,
+                                  scores.get("ref_logp"), group_scores(batch), state.step)
+    return state, metrics
 
-    scores_G = snr_filter.group_scores(batch.score, batch.group_ids, cfg.num_groups, metric=cfg.filter.metric,
-                                       ddof=cfg.filter.ddof)
+  def learn(state: TrainState, batch: Trajectories, scores: dict):
+    """SNR-Aware Filtering, advantages and the PPO epochs."""
+    old_logp, values, ref_logp = scores["old_logp"], scores.get("values"), scores.get("ref_logp")
+    metrics = {"policy_entropy": masked_mean(scores["entropy"], batch.loss_mask)}
+    scores_G = group_scores(batch)
     if cfg.filter.enabled:
       keep_G = snr_filter.select_groups(scores_G, strategy=cfg.filter.strategy, value=cfg.filter.value,
                                         filter_type=cfg.filter.filter_type, prob_mode=cfg.filter.prob_mode,
@@ -205,10 +244,6 @@ def make_update_fn(model_config: ModelConfig, cfg: UpdateConfig, policy_tx: opta
     train_mask = batch.loss_mask & kept_B[:, None]
     adv, returns = advantages(batch, values, train_mask)
     scale = snr_filter.loss_scale(keep_G, cfg.filter.loss_scaling)
-    if grad_analysis_fn is not None:
-      all_adv, _ = advantages(batch, values, batch.loss_mask)
-      metrics |= grad_analysis_fn(state.policy, batch, old_logp, all_adv, batch.loss_mask, ref_logp, scores_G,
-                                  state.step)
 
     per_episode = {"tokens": batch.tokens, "valid": batch.valid, "mask": train_mask, "old_logp": old_logp,
                    "adv": adv}
@@ -245,4 +280,4 @@ def make_update_fn(model_config: ModelConfig, cfg: UpdateConfig, policy_tx: opta
         jnp.sum(batch.loss_mask, axis=1).astype(jnp.float32))}
     return state.replace(step=state.step + 1), metrics
 
-  return update
+  return UpdateFn(score=score, diagnose=diagnose, learn=learn)
