@@ -68,7 +68,7 @@ def naive_cross_logp(config: ModelConfig, params, batch, pairs: xs.CrossPairs, m
                      rows_per_step: int = 16):
   """The reference's way: every (row, column) pair as its own full sequence [x_j | z_r]."""
   reasoning_RZ, length_R = xs.gather_reasoning(batch.tokens, batch, pairs.row_episode, pairs.row_turn, max_tokens)
-  prompts_NT, prompt_len_N = xs.gather_prompts(batch, pairs.col_episode, pairs.col_turn, batch.seq_len)
+  prompts_NT, prompt_len_N, _, _ = xs.gather_prompts(batch, pairs.col_episode, pairs.col_turn, batch.seq_len)
   width = batch.seq_len + max_tokens
   position = jnp.arange(width)
 

@@ -4,7 +4,9 @@ turns) against the host path that re-prefills every history each turn (RAGEN's w
   .venv/bin/python bench/rollout.py [--batch 64] [--turns 5] [--new-tokens 32]
 
 Both paths play the same 5-turn Sokoban episodes with the same small model and
-print generated tokens per second and their ratio, in one run.
+print generated tokens per second and their ratio, in one run. Then one training
+iteration of the trainer (same model, env and batch; GRPO without the filter, collapse
+diagnostics at compute_freq 1) is timed and split into rollout, scoring, diagnostics and update.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -20,7 +23,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import envs  # noqa: E402
-from bench.common import report, timed  # noqa: E402
+from bench.common import matmul_peak_flops, report, timed  # noqa: E402
 from ragen_jax import mesh as mesh_lib  # noqa: E402
 from ragen_jax.models import Model, init_params  # noqa: E402
 from ragen_jax.models.scratch import scratch_config  # noqa: E402
@@ -75,6 +78,45 @@ def main():
   (dev_name, dev), (host_name, hst) = results.items()
   report(host_name, hst, "gen tok/s")
   report(dev_name, dev, "gen tok/s", "host re-prefill path", hst)
+  iteration_split(model, tokenizer, args)
+
+
+def iteration_split(model, tokenizer, args):
+  """One trainer iteration (after a compiling one), split into its phases."""
+  from ragen_jax.config import load_config_file
+  from ragen_jax.train import Trainer, build_experiment
+  with tempfile.TemporaryDirectory() as workdir:
+    config = load_config_file(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                           "configs/base.py"))
+    config.model.path = str(model.export(os.path.join(workdir, "model"), tokenizer))
+    config.workdir = os.path.join(workdir, "run")
+    config.rollout.max_turns, config.rollout.max_new_tokens = args.turns, args.new_tokens
+    config.rollout.max_actions_per_traj = 100
+    config.algorithm.preset = "grpo"
+    config.filter.enabled = False  # a random model's groups all score alike: the filter would skip the update
+    config.train.env_groups, config.train.group_size = args.batch // 8, 8
+    config.train.mini_batch_size = min(config.train.mini_batch_size, args.batch)
+    config.train.val_every, config.train.checkpoint_every = 0, 0
+    config.logging.tensorboard = config.logging.progress_bar = False
+    trainer = Trainer(build_experiment(config))
+    trainer.train_iteration()  # compile
+    metrics = trainer.train_iteration()
+    trainer.checkpointer.close()
+  total = metrics["time/iteration_s"]
+  print(f"one training iteration ({args.batch} episodes, GRPO, diagnostics at compute_freq 1): {total:.2f} s")
+  for phase in ("rollout", "scoring", "diagnostics", "update"):
+    seconds = metrics[f"time/{phase}_s"]
+    print(f"  {phase:<12s} {seconds:8.2f} s  {100 * seconds / total:5.1f}%", flush=True)
+  # Dense-model FLOPs of the learner on every slot of the [batch, seq] batch (attention not counted):
+  # 2 per parameter per token forward (scoring), 6 forward + backward (update).
+  n_params = sum(x.size for x in jax.tree.leaves(model.params))
+  slots = args.batch * slot_layout(trainer.exp.assets, trainer.exp.rollout)[2]
+  peak = matmul_peak_flops()
+  report("jitted f32 matmul peak", peak / 1e9, "GFLOP/s")
+  report("scoring (forward, 2 FLOPs/param/token)", 2 * n_params * slots / metrics["time/scoring_s"] / 1e9, "GFLOP/s",
+         "matmul peak", peak / 1e9)
+  report("update step (6 FLOPs/param/token)", 6 * n_params * slots / metrics["time/update_s"] / 1e9, "GFLOP/s",
+         "matmul peak", peak / 1e9)
 
 
 if __name__ == "__main__":

@@ -17,8 +17,10 @@ def get_config():
   c.model.param_dtype = "float32"
 
   c.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1, "num_devices": -1})
-  c.distributed = ml_collections.ConfigDict({"enabled": False, "coordinator": "", "num_processes": 1,
-                                             "process_id": 0})
+  # multi-process (ragen_jax.distributed): "", 0 and -1 mean "from RAGEN_COORDINATOR, RAGEN_NUM_PROCESSES and
+  # RAGEN_PROCESS_ID", or with none of them set, detected by JAX (Cloud TPU, SLURM, Open MPI)
+  c.distributed = ml_collections.ConfigDict({"enabled": False, "coordinator": "", "num_processes": 0,
+                                             "process_id": -1})
 
   c.env = ml_collections.ConfigDict()
   c.env.name = "sokoban"
@@ -34,8 +36,10 @@ def get_config():
   c.rollout.top_p = 1.0
   c.rollout.top_k = 0
   c.rollout.val_temperature = 0.5
-  c.rollout.context_window_mode = "full"
-  c.rollout.max_model_len = 4096  # sequence length of host text-environment episodes
+  c.rollout.context_window_mode = "full"  # full | limited_multi_turn | single_turn (SPEC §2)
+  c.rollout.max_context_window = 2  # turns kept by limited_multi_turn, the current one included
+  c.rollout.max_model_len = 4096    # prompt + reply budget of a turn; older turns are dropped past it
+  c.rollout.max_episode_len = 4096  # training sequence length of host text-environment episodes
 
   c.train = ml_collections.ConfigDict()
   c.train.iterations = 400

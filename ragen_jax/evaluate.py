@@ -16,6 +16,7 @@ import jax
 import numpy as np
 
 from ragen_jax import config as config_lib
+from ragen_jax import mesh as mesh_lib
 from ragen_jax.train import Trainer, build_experiment, rollout_metrics
 
 
@@ -36,8 +37,8 @@ def evaluate_env(config, env_name: str) -> dict[str, float]:
   trainer = Trainer(build_experiment(cfg))
   k = cfg.evaluate.k
   seeds = np.repeat(np.arange(cfg.train.val_seed_start, cfg.train.val_seed_start + cfg.train.val_episodes), k)
-  traj = jax.device_get(trainer.rollout(seeds, k, trainer.exp.val_rollout, jax.random.PRNGKey(cfg.seed),
-                                        split="validation"))
+  traj = mesh_lib.fetch(trainer.rollout(seeds, k, trainer.exp.val_rollout, jax.random.PRNGKey(cfg.seed),
+                                       split="validation"))
   metrics = {name.split("/", 1)[1]: value for name, value in rollout_metrics(traj, "eval").items()}
   successes = np.asarray(traj.success).reshape(-1, k)
   for kk in sorted({1, k}):
@@ -57,6 +58,8 @@ def markdown_table(results: dict[str, dict[str, float]]) -> str:
 
 def main(config):
   results = {name: evaluate_env(config, name) for name in config.evaluate.envs.split(",")}
+  if jax.process_index():  # process 0 writes the results
+    return
   os.makedirs(config.workdir, exist_ok=True)
   with open(os.path.join(config.workdir, "evaluation.json"), "w") as f:
     json.dump(results, f, indent=2)

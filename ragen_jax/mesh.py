@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -69,3 +70,18 @@ def shard_batch(mesh: Mesh, tree):
   """Places every array leaf of `tree` batch-sharded on `mesh`."""
   return jax.tree.map(lambda x: jax.device_put(np.asarray(x) if not isinstance(x, jax.Array) else x,
                                                batch_sharding(mesh, np.ndim(x))), tree)
+
+
+def put_global(array, sharding: NamedSharding) -> jax.Array:
+  """A global array from a host array every process holds in full; each process places only its own shards."""
+  array = np.asarray(array)
+  return jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])
+
+
+def fetch(tree):
+  """Host numpy copy of every leaf, gathering arrays sharded over other processes (call it from every process)."""
+  def get(x):
+    if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
+      return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
+  return jax.tree.map(get, tree)

@@ -21,6 +21,7 @@ import transformers
 import envs
 from envs import host as host_envs
 from ragen_jax import config as config_lib
+from ragen_jax import distributed
 from ragen_jax import mesh as mesh_lib
 from ragen_jax.checkpoint import Checkpointer, abstract_like
 from ragen_jax.diagnostics.alarm import AlarmConfig, AlarmState, update_alarm
@@ -39,8 +40,10 @@ from ragen_jax.rollout.text import text_rollout
 from ragen_jax.sampling import SamplingRule
 from ragen_jax.trajectories import Trajectories
 
-CONTEXT_MODES = ("full",)
+CONTEXT_MODES = ("full", "limited_multi_turn", "single_turn")
 DIAGNOSTIC_PREFIXES = ("collapse/", "grad_analysis/")  # logged under their own names, not update/
+SUMMARY_FIELDS = ("success", "score", "num_turns", "response_start", "format_ok", "num_actions", "loss_mask",
+                  "reasoning_len")  # what `rollout_metrics` reads
 
 
 @dataclasses.dataclass
@@ -67,7 +70,7 @@ class Experiment:
   @property
   def seq_len(self) -> int:
     if self.env is None:
-      return self.config.rollout.max_model_len
+      return self.config.rollout.max_episode_len
     return slot_layout(self.assets, self.rollout)[2]
 
 
@@ -85,10 +88,18 @@ def algorithm_from_config(cfg):
 def rollout_config_from(config) -> RolloutConfig:
   """The training rollout settings of a config."""
   rule = SamplingRule(config.rollout.temperature, config.rollout.top_k, config.rollout.top_p)
+  mode = config.rollout.context_window_mode
+  if mode not in CONTEXT_MODES:
+    raise config_lib.ConfigError(f"rollout.context_window_mode {mode!r} is not one of {CONTEXT_MODES}")
+  if mode == "limited_multi_turn" and config.rollout.max_context_window < 1:
+    raise config_lib.ConfigError(f"rollout.max_context_window must be >= 1 turn for limited_multi_turn, got "
+                                 f"{config.rollout.max_context_window}")
+  context_turns = {"full": 0, "single_turn": 1, "limited_multi_turn": config.rollout.max_context_window}[mode]
   return RolloutConfig(max_turns=config.rollout.max_turns, max_new_tokens=config.rollout.max_new_tokens,
                        max_actions_per_turn=config.rollout.max_actions_per_turn,
                        max_actions_per_traj=config.rollout.max_actions_per_traj,
-                       format_penalty=config.rollout.format_penalty, rule=rule)
+                       format_penalty=config.rollout.format_penalty, rule=rule, context_turns=context_turns,
+                       max_context_tokens=config.rollout.max_model_len)
 
 
 def collapse_config_from(cfg, max_new_tokens: int) -> CollapseConfig:
@@ -105,13 +116,11 @@ def _optimizer(lr: float, cfg) -> optax.GradientTransformation:
 
 
 def build_experiment(config) -> Experiment:
-  """Validates the config and builds models, envs, tables and optimizers (nothing compiled yet)."""
-  if config.distributed.enabled:
-    raise config_lib.ConfigError("distributed.enabled=True: multi-host training is not implemented yet; every "
-                                 "host would train on its own. Run on one host (any number of local devices).")
-  if config.rollout.context_window_mode not in CONTEXT_MODES:
-    raise config_lib.ConfigError(f"rollout.context_window_mode {config.rollout.context_window_mode!r} is not "
-                                 f"supported on the device path; use one of {CONTEXT_MODES}")
+  """Validates the config and builds models, envs, tables and optimizers (nothing compiled yet).
+
+  With `distributed.enabled`, first joins the other processes (jax.distributed); the mesh then spans all of them.
+  """
+  distributed.initialize(config.distributed)
   env_overrides = config.env.params.to_dict()
   if config.env.name in host_envs.REGISTRY:
     host_envs.make_text_env(config.env.name, **env_overrides)  # fails early on bad settings
@@ -138,6 +147,8 @@ def build_experiment(config) -> Experiment:
   if update_config.batch_size % batch_shards:
     raise config_lib.ConfigError(f"the batch of {update_config.batch_size} episodes does not divide over "
                                  f"{batch_shards} data x fsdp shards of the mesh")
+  if jax.process_count() > 1:
+    _check_multi_process(config, mesh, batch_shards)
   path = config.model.path or str(bundled_model_dir())
   tokenizer = transformers.AutoTokenizer.from_pretrained(path)
   model = load_pretrained(path, mesh=mesh, dtype=config.model.dtype, param_dtype=config.model.param_dtype)
@@ -152,6 +163,20 @@ def build_experiment(config) -> Experiment:
                     rollout=rollout, val_rollout=val_rollout, assets=assets, update_config=update_config,
                     policy_tx=_optimizer(config.train.actor_lr, config.train), critic_tx=critic_tx,
                     early_stop=stop_cfg, alarm=alarm, collapse=collapse)
+
+
+def _check_multi_process(config, mesh: jax.sharding.Mesh, batch_shards: int):
+  """Each process places its slice of every batch on its own devices of a mesh over all devices."""
+  processes = jax.process_count()
+  if mesh.size != jax.device_count():
+    raise config_lib.ConfigError(f"mesh.num_devices={config.mesh.num_devices}: with {processes} processes the mesh "
+                                 f"must span all {jax.device_count()} devices (-1)")
+  if config.env.name in host_envs.REGISTRY:
+    raise config_lib.ConfigError(f"env {config.env.name!r} is a host text environment, whose rollout is not split "
+                                 f"over processes yet; run it as one process (any number of local devices)")
+  if config.train.val_every and config.train.val_episodes % batch_shards:
+    raise config_lib.ConfigError(f"train.val_episodes={config.train.val_episodes} does not divide over "
+                                 f"{batch_shards} data x fsdp shards of the mesh (needed with {processes} processes)")
 
 
 def initial_state(exp: Experiment) -> TrainState:
@@ -171,19 +196,20 @@ def initial_state(exp: Experiment) -> TrainState:
 
 
 def _batch_put(exp: Experiment, array):
-  return jax.device_put(array, input_sharding(exp.mesh, np.shape(array)))
+  return mesh_lib.put_global(array, input_sharding(exp.mesh, np.shape(array)))
 
 
 def rollout_metrics(traj: Trajectories, prefix: str) -> dict[str, float]:
-  """Host summary of a trajectory batch."""
-  turns = np.maximum(np.asarray(traj.num_turns), 1)
-  played = np.asarray(traj.response_start) >= 0
-  return {f"{prefix}/success": float(np.mean(traj.success)), f"{prefix}/score": float(np.mean(traj.score)),
-          f"{prefix}/num_turns": float(np.mean(traj.num_turns)),
-          f"{prefix}/valid_action_rate": float(np.sum(np.asarray(traj.format_ok)) / max(np.sum(played), 1)),
-          f"{prefix}/actions_per_turn": float(np.mean(np.asarray(traj.num_actions) / turns)),
-          f"{prefix}/response_length": float(np.sum(np.asarray(traj.loss_mask)) / max(np.sum(played), 1)),
-          f"{prefix}/valid_thinking_rate": float(np.sum(np.asarray(traj.reasoning_len) > 0) / max(np.sum(played), 1))}
+  """Host summary of a trajectory batch (gathered from every process: call it from all of them)."""
+  t = mesh_lib.fetch({name: getattr(traj, name) for name in SUMMARY_FIELDS})
+  turns = np.maximum(t["num_turns"], 1)
+  played = max(np.sum(t["response_start"] >= 0), 1)
+  return {f"{prefix}/success": float(np.mean(t["success"])), f"{prefix}/score": float(np.mean(t["score"])),
+          f"{prefix}/num_turns": float(np.mean(t["num_turns"])),
+          f"{prefix}/valid_action_rate": float(np.sum(t["format_ok"]) / played),
+          f"{prefix}/actions_per_turn": float(np.mean(t["num_actions"] / turns)),
+          f"{prefix}/response_length": float(np.sum(t["loss_mask"]) / played),
+          f"{prefix}/valid_thinking_rate": float(np.sum(t["reasoning_len"] > 0) / played)}
 
 
 class Trainer:
@@ -253,7 +279,7 @@ class Trainer:
       scores = finish("scoring", self._score(self.state, self.ref_params, traj))
       self.state, diag_metrics = finish("diagnostics", self._diagnose(self.state, traj, scores))
       self.state, metrics = finish("update", self._learn(self.state, traj, scores))
-      metrics = jax.device_get(diag_metrics | metrics)
+      metrics = mesh_lib.fetch(diag_metrics | metrics)
     out = rollout_metrics(traj, "train") | {
         (k if k.startswith(DIAGNOSTIC_PREFIXES) else f"update/{k}"): float(v) for k, v in metrics.items()}
     out |= times | {"time/iteration_s": sum(times.values())}
@@ -337,9 +363,10 @@ def train(config) -> dict[str, float]:
   if config.train.resume and trainer.try_resume():
     logging.info("resumed from iteration %d", trainer.iteration)
   metrics = trainer.run()
+  policy = mesh_lib.fetch(trainer.state.policy)  # a gather every process takes part in
   if trainer.is_main:
     export_dir = os.path.join(config.workdir, "final_model")
-    dataclasses.replace(exp.model, params=trainer.state.policy).export(export_dir, exp.tokenizer)
+    dataclasses.replace(exp.model, params=policy).export(export_dir, exp.tokenizer)
     with open(os.path.join(config.workdir, "final_metrics.json"), "w") as f:
       json.dump(metrics, f, indent=2)
   trainer.checkpointer.close()
@@ -349,7 +376,8 @@ def train(config) -> dict[str, float]:
 def main(config):
   logging.getLogger().setLevel(logging.INFO)
   metrics = train(config)
-  print(json.dumps({k: round(v, 4) for k, v in metrics.items() if "/" in k and not k.startswith("time")}, indent=1))
+  if jax.process_index() == 0:
+    print(json.dumps({k: round(v, 4) for k, v in metrics.items() if "/" in k and not k.startswith("time")}, indent=1))
 
 
 if __name__ == "__main__":

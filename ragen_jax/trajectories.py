@@ -20,6 +20,9 @@ class Trajectories:
   sample_logp: float32[B, T] log-prob of each generated token under the unmodified
     model at sampling time (0 elsewhere).
   turn_of_token: int32[B, T] turn index of each token (-1 for padding).
+  segment_ids / visible_from: int32[B, T] the context window each token was sampled
+    with (see `models.transformer`: segment 0 is the system prompt, k + 1 turn k; a token
+    sees segment 0 and segments >= its visible_from); the learner scores with the same.
   turn_end: bool[B, T] the last generated token of each turn.
   token_rewards: float32[B, T] each turn's reward on its last generated token.
   score_rewards: float32[B, T] the episode score on the last generated token.
@@ -40,6 +43,8 @@ class Trajectories:
   loss_mask: jax.Array
   sample_logp: jax.Array
   turn_of_token: jax.Array
+  segment_ids: jax.Array
+  visible_from: jax.Array
   turn_end: jax.Array
   token_rewards: jax.Array
   score_rewards: jax.Array

@@ -56,12 +56,21 @@ def test_paper_configs_build_their_update_settings(arg):
   assert algorithm.use_critic == (preset == "ppo") and not algorithm.loss.use_kl_loss
 
 
-@pytest.mark.parametrize("key,value,message", [("distributed.enabled", True, "multi-host training is not implemented"),
-                                               ("rollout.context_window_mode", "single_turn", "not supported")])
+@pytest.mark.parametrize("key,value,message", [("rollout.context_window_mode", "last_turn", "not one of")])
 def test_unsupported_settings_fail_before_any_model_is_built(key, value, message):
   from ragen_jax.train import build_experiment
   config = config_lib.load_config_file(os.path.join(ROOT, "configs/tiny_test.py"))
   section, name = key.split(".")
   config[section][name] = value
   with pytest.raises(config_lib.ConfigError, match=message):
+    build_experiment(config)
+
+
+def test_limited_context_needs_a_window_of_at_least_one_turn():
+  from ragen_jax.train import build_experiment, rollout_config_from
+  config = config_lib.load_config_file(os.path.join(ROOT, "configs/tiny_test.py"))
+  config.rollout.context_window_mode = "limited_multi_turn"
+  assert rollout_config_from(config).context_turns == 2
+  config.rollout.max_context_window = 0
+  with pytest.raises(config_lib.ConfigError, match="max_context_window"):
     build_experiment(config)

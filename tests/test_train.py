@@ -92,3 +92,13 @@ def test_sharded_update_equals_single_device(replying_model_dir, tmp_path, prese
   # to 2 * lr (1e-3 here), so the bound is a tenth of one step.
   for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p8)):
     np.testing.assert_allclose(a, b, atol=1e-4)
+
+
+def test_training_with_a_limited_context_window(replying_model_dir, tmp_path):
+  config = _config(replying_model_dir, tmp_path, **{"rollout.context_window_mode": "single_turn"})
+  trainer = Trainer(build_experiment(config))
+  traj = trainer.rollout(np.arange(8), 4, trainer.exp.rollout, jax.random.PRNGKey(0))
+  later_turns = np.asarray(traj.valid) & (np.asarray(traj.turn_of_token) > 0)
+  assert later_turns.any() and (np.asarray(traj.visible_from)[later_turns] > 1).all()
+  metrics = trainer.train_iteration()
+  assert all(math.isfinite(v) for v in metrics.values())

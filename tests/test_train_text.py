@@ -30,7 +30,7 @@ def test_countdown_host_path_training(tmp_path):
   config.workdir = str(tmp_path / "run")
   config.env.name = "countdown"
   config.env.params = env_params
-  config.rollout.max_model_len = 512
+  config.rollout.max_episode_len = 512
   config.algorithm.preset = "grpo"
   config.filter.enabled = False
   trainer = Trainer(build_experiment(config))

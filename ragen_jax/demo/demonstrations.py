@@ -54,8 +54,8 @@ def solver_policy(env_name: str, action_names, tokenizer, max_new_tokens: int, a
   """A host-rollout policy that replies with the solver's next moves (sometimes one wrong move)."""
   rng = np.random.default_rng(seed)
 
-  def policy(histories, active, env_state, key):
-    del histories, key
+  def policy(records, active, env_state, key):
+    del records, key
     batch = len(active)
     tokens = np.zeros((batch, max_new_tokens), np.int32)
     lengths = np.zeros(batch, np.int32)

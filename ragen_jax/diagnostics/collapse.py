@@ -191,15 +191,15 @@ def make_grad_analysis_fn(model_config: ModelConfig, cfg: CollapseConfig, loss_c
     order_B = jnp.argsort(~episode_mask_B, stable=True)
     member_B = episode_mask_B[order_B]
     micro = lambda x: x.reshape(-1, micro_batch_size, *x.shape[1:])  # noqa: E731
-    forward = jax.checkpoint(lambda p, t, v: token_logp_and_entropy(model_config, p, t, v))
+    forward = jax.checkpoint(lambda p, *inputs: token_logp_and_entropy(model_config, p, *inputs))
 
     def micro_forward(chunk):
-      tokens, valid, member = chunk
-      zeros = jnp.zeros(tokens.shape, jnp.float32)
-      return jax.lax.cond(jnp.any(member), forward, lambda *_: (zeros, zeros), params, tokens, valid)
+      *inputs, member = chunk
+      zeros = jnp.zeros(inputs[0].shape, jnp.float32)
+      return jax.lax.cond(jnp.any(member), forward, lambda *_: (zeros, zeros), params, *inputs)
 
-    logp, entropy = jax.lax.map(micro_forward, (micro(batch.tokens[order_B]), micro(batch.valid[order_B]),
-                                                micro(member_B)))
+    inputs = (batch.tokens, batch.valid, batch.segment_ids, batch.visible_from)
+    logp, entropy = jax.lax.map(micro_forward, tuple(micro(x[order_B]) for x in inputs) + (micro(member_B),))
     logp, entropy = logp.reshape(loss_mask_BT.shape), entropy.reshape(loss_mask_BT.shape)
     ref = None if ref_logp_BT is None else ref_logp_BT[order_B]
     _, aux = actor_loss(logp, old_logp_BT[order_B], advantages_BT[order_B],

@@ -88,14 +88,16 @@ def gather_reasoning(values_BT: jax.Array, batch: Trajectories, episode_R: jax.A
 
 
 def gather_prompts(batch: Trajectories, episode_N: jax.Array, turn_N: jax.Array,
-                   prompt_window: int) -> tuple[jax.Array, jax.Array]:
+                   prompt_window: int) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   """(prompts int32[N, prompt_window]: the first tokens of each column's episode,
   prompt_len int32[N]: how many of them form the prompt, `<think>` included; a
-  prompt longer than the window is cut to it, see `eligible_turns`)."""
+  prompt longer than the window is cut to it, see `eligible_turns`; their
+  segment_ids and visible_from int32[N, prompt_window])."""
   if not 1 <= prompt_window <= batch.seq_len:
     raise ValueError(f"prompt window must be in [1, seq_len={batch.seq_len}], got {prompt_window}")
   prompt_len_N = jnp.clip(_at_turn(batch.response_start, episode_N, turn_N), 1, prompt_window).astype(jnp.int32)
-  return batch.tokens[episode_N, :prompt_window], prompt_len_N
+  window = lambda x_BT: x_BT[episode_N, :prompt_window]  # noqa: E731
+  return window(batch.tokens), prompt_len_N, window(batch.segment_ids), window(batch.visible_from)
 
 
 def prompt_equivalence(batch: Trajectories, pairs: CrossPairs) -> jax.Array:
@@ -150,12 +152,15 @@ def _repeat_cache(cache: KVCache, times: int) -> KVCache:
   axes = ("cache_layers", "batch", "act_kv_heads", "cache_length", "head_dim")
   return KVCache(k=constrain(jnp.repeat(cache.k, times, axis=1), axes),
                  v=constrain(jnp.repeat(cache.v, times, axis=1), axes),
-                 valid=jnp.repeat(cache.valid, times, axis=0), end=cache.end)
+                 valid=jnp.repeat(cache.valid, times, axis=0), segment=jnp.repeat(cache.segment, times, axis=0),
+                 end=cache.end)
 
 
 def cross_logp(config: ModelConfig, params, prompts_NP: jax.Array, prompt_len_N: jax.Array,
                reasoning_RZ: jax.Array, reasoning_len_R: jax.Array, *, num_columns: jax.Array | None = None,
-               block_tokens: int = 16, columns_per_step: int = 8, rows_per_step: int | None = 16) -> jax.Array:
+               block_tokens: int = 16, columns_per_step: int = 8, rows_per_step: int | None = 16,
+               prompt_segments_NP: jax.Array | None = None, prompt_visible_from_NP: jax.Array | None = None
+               ) -> jax.Array:
   """Summed teacher-forced log-probs float32[R, N]: S[r, j] = Σ_i log p(z_r[i] | x_j, z_r[<i]).
 
   prompts_NP: int32[N, P] with prompt_len_N real tokens each (the prompt is the
@@ -164,7 +169,9 @@ def cross_logp(config: ModelConfig, params, prompts_NP: jax.Array, prompt_len_N:
   are scored, the rest are 0. Work is split into steps of `columns_per_step`
   prompts × `rows_per_step` rows (None: all) run one after another; with the pair
   axis sharded over data × fsdp, a step of C prompts keeps each prompt's copies on the
-  device that prefilled it when C is a multiple of the batch shards.
+  device that prefilled it when C is a multiple of the batch shards. prompt_segments_NP /
+  prompt_visible_from_NP: the prompts' context windows (see `models.transformer`); the
+  reasoning continues the window of its column's last prompt token.
   """
   num_cols, window = prompts_NP.shape
   num_rows, max_tokens = reasoning_RZ.shape
@@ -179,20 +186,26 @@ def cross_logp(config: ModelConfig, params, prompts_NP: jax.Array, prompt_len_N:
 
   # Column c holds its prompt minus the last token; every row's input starts with that
   # token, so input i predicts reasoning token i.
-  last_N = jnp.take_along_axis(prompts_NP, (prompt_len_N - 1)[:, None], axis=1)[:, 0]
+  at_last = lambda x_NP: jnp.take_along_axis(x_NP, (prompt_len_N - 1)[:, None], axis=1)[:, 0]  # noqa: E731
+  if prompt_segments_NP is None:
+    prompt_segments_NP = prompt_visible_from_NP = jnp.zeros_like(prompts_NP)
+  last_N = at_last(prompts_NP)
   prefill_valid_NP = jnp.arange(window)[None, :] < (prompt_len_N - 1)[:, None]
   targets_RZ = jnp.pad(reasoning_RZ, ((0, 0), (0, padded_tokens - max_tokens)))
   order_R = jnp.argsort(-reasoning_len_R, stable=True)  # long rows first: chunks of similar length
   row_chunks = jax.tree.map(lambda x: _pad_rows(x, rows_per_step).reshape(-1, rows_per_step, *x.shape[1:]),
                             (targets_RZ[order_R], reasoning_len_R[order_R]))
   col_chunks = jax.tree.map(lambda x: _pad_rows(x, columns_per_step).reshape(-1, columns_per_step, *x.shape[1:]),
-                            (prompts_NP, prefill_valid_NP, last_N))
+                            (prompts_NP, prefill_valid_NP, prompt_segments_NP, prompt_visible_from_NP, last_N,
+                             at_last(prompt_segments_NP), at_last(prompt_visible_from_NP)))
 
-  def score_rows(prompt_cache: KVCache, last_C, targets_CrZ, length_Cr):
+  def score_rows(prompt_cache: KVCache, last_C, segment_C, visible_from_C, targets_CrZ, length_Cr):
     pairs = columns_per_step * rows_per_step
     cache = _repeat_cache(prompt_cache, rows_per_step)
     targets_QZ = jnp.tile(targets_CrZ, (columns_per_step, 1))
     inputs_QZ = jnp.concatenate([jnp.repeat(last_C, rows_per_step)[:, None], targets_QZ[:, :-1]], axis=1)
+    segment_QK, visible_from_QK = (jnp.broadcast_to(jnp.repeat(x, rows_per_step)[:, None], (pairs, block_tokens))
+                                   for x in (segment_C, visible_from_C))
     length_Q = jnp.tile(length_Cr, columns_per_step)
     num_blocks = (jnp.max(length_Cr) + block_tokens - 1) // block_tokens
 
@@ -202,7 +215,8 @@ def cross_logp(config: ModelConfig, params, prompts_NP: jax.Array, prompt_len_N:
       inputs_QK = jax.lax.dynamic_slice_in_dim(inputs_QZ, start, block_tokens, axis=1)
       targets_QK = jax.lax.dynamic_slice_in_dim(targets_QZ, start, block_tokens, axis=1)
       valid_QK = (start + jnp.arange(block_tokens))[None, :] < length_Q[:, None]
-      hidden, cache = module.apply({"params": params}, inputs_QK, valid_QK, cache)
+      hidden, cache = module.apply({"params": params}, inputs_QK, valid_QK, cache, segment_BT=segment_QK,
+                                   visible_from_BT=visible_from_QK)
       logits_QKV = module.apply({"params": params}, hidden, method="lm_logits")
       target_logits_QK = jnp.take_along_axis(logits_QKV, targets_QK[..., None], axis=-1)[..., 0]
       logp_QK = target_logits_QK - jax.nn.logsumexp(logits_QKV, axis=-1)
@@ -212,10 +226,11 @@ def cross_logp(config: ModelConfig, params, prompts_NP: jax.Array, prompt_len_N:
     _, _, total_Q = jax.lax.while_loop(lambda c: c[0] < num_blocks, block, init)
     return total_Q.reshape(columns_per_step, rows_per_step)
 
-  def score_columns(prompts_CP, valid_CP, last_C):
+  def score_columns(prompts_CP, valid_CP, segments_CP, visible_from_CP, *last_token_C):
     empty = KVCache.zeros(config, columns_per_step, window + padded_tokens)
-    _, prompt_cache = module.apply({"params": params}, prompts_CP, valid_CP, empty)
-    return jax.lax.map(lambda rows: score_rows(prompt_cache, last_C, *rows), row_chunks)  # [row chunks, C, Cr]
+    _, prompt_cache = module.apply({"params": params}, prompts_CP, valid_CP, empty, segment_BT=segments_CP,
+                                   visible_from_BT=visible_from_CP)
+    return jax.lax.map(lambda rows: score_rows(prompt_cache, *last_token_C, *rows), row_chunks)  # [row chunks, C, Cr]
 
   def score_chunk(index_and_chunk):
     index, chunk = index_and_chunk
@@ -246,9 +261,10 @@ def score_pairs(config: ModelConfig, params, batch: Trajectories, pairs: CrossPa
   distinct_N = representative_N == jnp.arange(representative_N.shape[0])
   order_N = jnp.argsort(~distinct_N, stable=True)
   slot_N = jnp.argsort(order_N)  # where each column went in `order_N`
-  prompts_NP, prompt_len_N = gather_prompts(batch, pairs.col_episode[order_N], pairs.col_turn[order_N],
-                                            prompt_window)
+  prompts_NP, prompt_len_N, segments_NP, visible_from_NP = gather_prompts(
+      batch, pairs.col_episode[order_N], pairs.col_turn[order_N], prompt_window)
   distinct_logp_RN = cross_logp(config, params, prompts_NP, prompt_len_N, reasoning_RZ, length_R,
                                 num_columns=jnp.sum(distinct_N), block_tokens=block_tokens,
-                                columns_per_step=columns_per_step, rows_per_step=rows_per_step)
+                                columns_per_step=columns_per_step, rows_per_step=rows_per_step,
+                                prompt_segments_NP=segments_NP, prompt_visible_from_NP=visible_from_NP)
   return distinct_logp_RN[:, slot_N[representative_N]], length_R

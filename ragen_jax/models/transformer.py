@@ -5,6 +5,11 @@ stacked with a leading `layers` axis. The KV cache is an explicit argument and
 result; it never lives in a mutable collection. Positions default to
 "number of valid tokens before this one", so left padding, padded chunks and
 cache continuation all give the positions a packed sequence would have.
+
+Context windows (dropping old turns) are attention masks over segments: every
+token carries a segment id (0: always visible, e.g. the system prompt; k + 1:
+turn k) and every query a `visible_from` segment; a query sees the keys of
+segment 0 and of segments >= its `visible_from`. Positions keep counting.
 """
 
 from __future__ import annotations
@@ -29,12 +34,14 @@ class KVCache:
   k, v: float[L, B, K, S, H] (layers, batch, kv heads, slots, head dim): per (row, head)
     the slots are contiguous, the layout the attention dots read without a transpose.
   valid: bool[B, S], slots that hold a real token.
+  segment: int32[B, S], each slot's segment id (see the module docstring).
   end: int32[], the next slot to write (shared by all rows; padded rows leave holes).
   """
 
   k: jax.Array
   v: jax.Array
   valid: jax.Array
+  segment: jax.Array
   end: jax.Array
 
   @classmethod
@@ -42,7 +49,8 @@ class KVCache:
     shape = (config.num_layers, batch, config.num_kv_heads, max_len, config.head_dim)
     dtype = dtype or config.compute_dtype
     return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
-               valid=jnp.zeros((batch, max_len), bool), end=jnp.zeros((), jnp.int32))
+               valid=jnp.zeros((batch, max_len), bool), segment=jnp.zeros((batch, max_len), jnp.int32),
+               end=jnp.zeros((), jnp.int32))
 
   @property
   def max_len(self) -> int:
@@ -121,6 +129,52 @@ def attention(q_BTNH, k_BKSH, v_BKSH, mask_BTS):
   return out.reshape(b, t, n, h)
 
 
+def _in_window(key_segment_BS, visible_from_BT):
+  """bool[B, T, S]: the key's segment is always visible (0) or within the query's window."""
+  key = key_segment_BS[:, None, :]
+  return (key == 0) | (key >= visible_from_BT[:, :, None])
+
+
+CACHE_BLOCK = 128  # key slots per step of `cached_attention`
+
+
+def cached_attention(q_BTNH, cache_k, cache_v, layer, mask_BTS, key_end, block: int = CACHE_BLOCK):
+  """`attention` over layer `layer` of a [L, B, K, S, H] cache, reading only slots < key_end.
+
+  Blocks of `block` slots are visited with an online softmax (a dynamic trip count), so a
+  step costs what the filled part of the cache costs, not the whole preallocated cache, and
+  no per-layer copy of the cache is made. A ragged last block is read from S - block with
+  the slots already seen masked out.
+  """
+  b, t, n, h = q_BTNH.shape
+  kv, slots = cache_k.shape[2], cache_k.shape[3]
+  block = min(block, slots)
+  q = q_BTNH.reshape(b, t, kv, n // kv, h).astype(jnp.float32) / math.sqrt(h)
+  num_blocks = (key_end + block - 1) // block
+
+  def visit(i, carry):
+    max_BKGT, sum_BKGT, out_BKGTH = carry
+    start = jnp.minimum(i * block, slots - block)
+    take = lambda c: jax.lax.dynamic_slice(c, (layer, 0, 0, start, 0), (1, b, kv, block, h))[0]  # noqa: E731
+    keys, values = take(cache_k).astype(jnp.float32), take(cache_v).astype(jnp.float32)
+    fresh = (start + jnp.arange(block)) >= i * block
+    mask_BTS_blk = jax.lax.dynamic_slice_in_dim(mask_BTS, start, block, axis=2) & fresh
+    scores = jnp.einsum("btkgh,bksh->bkgts", q, keys)
+    scores = jnp.where(mask_BTS_blk[:, None, None], scores, _MASK_VALUE)
+    new_max = jnp.maximum(max_BKGT, jnp.max(scores, axis=-1))
+    probs = jnp.exp(scores - new_max[..., None])
+    scale = jnp.exp(max_BKGT - new_max)
+    out = out_BKGTH * scale[..., None] + jnp.einsum("bkgts,bksh->bkgth", probs, values)
+    return new_max, sum_BKGT * scale + jnp.sum(probs, axis=-1), out
+
+  shape = (b, kv, n // kv, t)
+  init = (jnp.full(shape, _MASK_VALUE, jnp.float32), jnp.zeros(shape, jnp.float32),
+          jnp.zeros(shape + (h,), jnp.float32))
+  _, total, out = jax.lax.fori_loop(0, num_blocks, visit, init)
+  out = out / total[..., None]
+  return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h).astype(q_BTNH.dtype)
+
+
 class Block(nn.Module):
   """Pre-norm attention + SwiGLU block; scanned over layers."""
 
@@ -146,14 +200,14 @@ class Block(nn.Module):
 
     k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, K, T, H]
     if cache_kv is None:
-      keys, values = k, v
+      out = attention(q, k, v, mask_BTS)
     else:
       cache_k, cache_v = cache_kv
       start = (layer, 0, 0, write_index, 0)
       cache_k = jax.lax.dynamic_update_slice(cache_k, k[None].astype(cache_k.dtype), start)
       cache_v = jax.lax.dynamic_update_slice(cache_v, v[None].astype(cache_v.dtype), start)
-      keys, values, cache_kv = cache_k[layer], cache_v[layer], (cache_k, cache_v)
-    out = attention(q, keys.astype(q.dtype), values.astype(q.dtype), mask_BTS)
+      cache_kv = (cache_k, cache_v)
+      out = cached_attention(q, cache_k, cache_v, layer, mask_BTS, write_index + t)
     out = _dense(cfg.hidden_size, ("heads", "embed"), cfg, "o_proj")(out.reshape(b, t, n * h))
     x_BTD = constrain(x_BTD + out, ("batch", "length", "act_embed"))
 
@@ -193,10 +247,13 @@ class Transformer(nn.Module):
           kernel_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed", "value")),
           bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("value",)))
 
-  def __call__(self, tokens_BT, valid_BT=None, cache: KVCache | None = None, positions_BT=None):
+  def __call__(self, tokens_BT, valid_BT=None, cache: KVCache | None = None, positions_BT=None,
+               segment_BT=None, visible_from_BT=None):
     """Runs the decoder on `tokens_BT`; with `cache`, appends them at `cache.end`.
 
     valid_BT marks real tokens (default: all). Invalid ones are never attended to.
+    segment_BT / visible_from_BT (default: 0, everything visible) limit each query's
+    context to whole segments (see the module docstring).
     Returns (hidden_BTD, new_cache or None).
     """
     b, t = tokens_BT.shape
@@ -204,21 +261,26 @@ class Transformer(nn.Module):
     past = jnp.zeros((b,), jnp.int32) if cache is None else cache.lengths
     if positions_BT is None:
       positions_BT = past[:, None] + jnp.cumsum(valid_BT, -1, dtype=jnp.int32) - 1
+    segment_BT = jnp.zeros((b, t), jnp.int32) if segment_BT is None else segment_BT.astype(jnp.int32)
+    visible_from_BT = jnp.zeros((b, t), jnp.int32) if visible_from_BT is None else visible_from_BT
     x = self.embed_tokens(tokens_BT)
     x = constrain(x, ("batch", "length", "act_embed"))
 
     if cache is None:
       slots = jnp.arange(t)
-      mask = valid_BT[:, None, :] & (slots[None, :, None] >= slots[None, None, :])
+      mask = (valid_BT[:, None, :] & (slots[None, :, None] >= slots[None, None, :])
+              & _in_window(segment_BT, visible_from_BT))
       (x, _), _ = self.layers((x, None), self._layer_ids, positions_BT, mask, 0)
       return self.norm(x), None
 
     write = cache.end
     key_valid = jax.lax.dynamic_update_slice(cache.valid, valid_BT, (0, write))
+    key_segment = jax.lax.dynamic_update_slice(cache.segment, segment_BT, (0, write))
     q_slots = write + jnp.arange(t)
-    mask = key_valid[:, None, :] & (q_slots[None, :, None] >= jnp.arange(cache.max_len)[None, None, :])
+    mask = (key_valid[:, None, :] & (q_slots[None, :, None] >= jnp.arange(cache.max_len)[None, None, :])
+            & _in_window(key_segment, visible_from_BT))
     (x, (k, v)), _ = self.layers((x, (cache.k, cache.v)), self._layer_ids, positions_BT, mask, write)
-    return self.norm(x), KVCache(k=k, v=v, valid=key_valid, end=write + t)
+    return self.norm(x), KVCache(k=k, v=v, valid=key_valid, segment=key_segment, end=write + t)
 
   @property
   def _layer_ids(self):

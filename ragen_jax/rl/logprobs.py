@@ -14,11 +14,13 @@ def _shift_right(x_BT, fill=0.0):
   return jnp.concatenate([jnp.full_like(x_BT[:, :1], fill), x_BT[:, :-1]], axis=1)
 
 
-def token_logp_and_entropy(config: ModelConfig, params, tokens_BT, valid_BT):
+def token_logp_and_entropy(config: ModelConfig, params, tokens_BT, valid_BT, segment_BT=None, visible_from_BT=None):
   """(logp_BT, entropy_BT): log p(token t | tokens < t) and the entropy of that
-  distribution, at every t ≥ 1 (0 at t = 0), float32."""
+  distribution, at every t ≥ 1 (0 at t = 0), float32. segment_BT / visible_from_BT:
+  the context windows the tokens were sampled with (see `models.transformer`)."""
   module = Transformer(config)
-  hidden, _ = module.apply({"params": params}, tokens_BT, valid_BT)
+  hidden, _ = module.apply({"params": params}, tokens_BT, valid_BT, segment_BT=segment_BT,
+                           visible_from_BT=visible_from_BT)
   logits = module.apply({"params": params}, hidden, method="lm_logits")
   logp_BTV = jax.nn.log_softmax(logits, axis=-1)
   next_logp = jnp.take_along_axis(logp_BTV[:, :-1], tokens_BT[:, 1:, None], axis=-1)[..., 0]
@@ -26,8 +28,9 @@ def token_logp_and_entropy(config: ModelConfig, params, tokens_BT, valid_BT):
   return jnp.pad(next_logp, ((0, 0), (1, 0))), _shift_right(entropy)
 
 
-def token_values(config: ModelConfig, critic_params, tokens_BT, valid_BT):
+def token_values(config: ModelConfig, critic_params, tokens_BT, valid_BT, segment_BT=None, visible_from_BT=None):
   """float32[B, T]: the critic's value of the prefix before token t (0 at t = 0)."""
   module = Transformer(config, with_value_head=True)
-  hidden, _ = module.apply({"params": critic_params}, tokens_BT, valid_BT)
+  hidden, _ = module.apply({"params": critic_params}, tokens_BT, valid_BT, segment_BT=segment_BT,
+                           visible_from_BT=visible_from_BT)
   return _shift_right(module.apply({"params": critic_params}, hidden, method="values"))

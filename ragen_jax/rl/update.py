@@ -143,12 +143,11 @@ def make_update_fn(model_config: ModelConfig, cfg: UpdateConfig, policy_tx: opta
   def score(state: TrainState, ref_params, batch: Trajectories) -> dict:
     """Per-token log-probs and entropy of the batch under the pre-update policy (and the
     reference model / critic when the algorithm uses them)."""
-    old_logp, entropy = _micro_map(lambda t, v: token_logp_and_entropy(model_config, state.policy, t, v), micro,
-                                   batch.tokens, batch.valid)
-    ref_logp = (_micro_map(lambda t, v: token_logp_and_entropy(model_config, ref_params, t, v)[0], micro,
-                           batch.tokens, batch.valid) if loss_cfg.use_kl_loss else None)
-    values = (_micro_map(lambda t, v: token_values(model_config, state.critic, t, v), micro, batch.tokens,
-                         batch.valid) if use_critic else None)
+    inputs = (batch.tokens, batch.valid, batch.segment_ids, batch.visible_from)
+    old_logp, entropy = _micro_map(lambda *x: token_logp_and_entropy(model_config, state.policy, *x), micro, *inputs)
+    ref_logp = (_micro_map(lambda *x: token_logp_and_entropy(model_config, ref_params, *x)[0], micro, *inputs)
+                if loss_cfg.use_kl_loss else None)
+    values = _micro_map(lambda *x: token_values(model_config, state.critic, *x), micro, *inputs) if use_critic else None
     scores = {"old_logp": old_logp, "entropy": entropy}
     if ref_logp is not None:
       scores["ref_logp"] = ref_logp
@@ -167,13 +166,14 @@ def make_update_fn(model_config: ModelConfig, cfg: UpdateConfig, policy_tx: opta
                         norm_by_std=algo.advantage == "grpo", valid_B=kept)
 
   def micro_loss(params, critic, mb, scale, actor_norm, value_norm):
-    logp, entropy = token_logp_and_entropy(model_config, params, mb["tokens"], mb["valid"])
+    inputs = (mb["tokens"], mb["valid"], mb["segment_ids"], mb["visible_from"])
+    logp, entropy = token_logp_and_entropy(model_config, params, *inputs)
     loss, aux = actor_loss(logp, mb["old_logp"], mb["adv"], mb["mask"], entropy, mb.get("ref_logp"), loss_cfg)
     weight = _loss_weight(mb["mask"], loss_cfg.agg) / actor_norm
     total = scale * weight * loss
     metrics = {k: weight * v for k, v in aux.items()}
     if use_critic:
-      values = token_values(model_config, critic, mb["tokens"], mb["valid"])
+      values = token_values(model_config, critic, *inputs)
       v_loss, v_aux = value_loss(values, mb["old_values"], mb["returns"], mb["mask"], clip=cfg.value_clip,
                                  agg="token-mean")
       v_weight = jnp.sum(mb["mask"]) / value_norm
@@ -245,8 +245,8 @@ def make_update_fn(model_config: ModelConfig, cfg: UpdateConfig, policy_tx: opta
     adv, returns = advantages(batch, values, train_mask)
     scale = snr_filter.loss_scale(keep_G, cfg.filter.loss_scaling)
 
-    per_episode = {"tokens": batch.tokens, "valid": batch.valid, "mask": train_mask, "old_logp": old_logp,
-                   "adv": adv}
+    per_episode = {"tokens": batch.tokens, "valid": batch.valid, "segment_ids": batch.segment_ids,
+                   "visible_from": batch.visible_from, "mask": train_mask, "old_logp": old_logp, "adv": adv}
     if ref_logp is not None:
       per_episode["ref_logp"] = ref_logp
     if use_critic:

@@ -18,7 +18,7 @@ from ragen_jax.models.config import ModelConfig
 from ragen_jax.models.partitioning import constrain
 from ragen_jax.rollout import prompt
 from ragen_jax.rollout.episodes import (RolloutAssets, RolloutConfig, act, reasoning_length, render_batch,
-                                        reset_batch)
+                                        reset_batch, visible_from)
 from ragen_jax.sampling import decode, extend, prefill
 from ragen_jax.trajectories import Trajectories, pack_left
 
@@ -26,7 +26,7 @@ from ragen_jax.trajectories import Trajectories, pack_left
 def slot_layout(assets: RolloutAssets, config: RolloutConfig) -> tuple[int, int, int]:
   """(first chunk length C0, later chunk length C, total slots S) of a rollout."""
   obs, turns = assets.observation.max_tokens, assets.turns
-  first = turns.first.max_tokens + obs + turns.tail.max_tokens
+  first = turns.system.max_tokens + turns.first.max_tokens + obs + turns.tail.max_tokens
   later = turns.head.max_tokens + obs + turns.tail.max_tokens
   return first, later, first + config.max_new_tokens + (config.max_turns - 1) * (later + config.max_new_tokens)
 
@@ -50,8 +50,13 @@ def device_rollout(model_config: ModelConfig, params, env, env_params, assets: R
                                                                           actions_left)
   slots = lambda dtype, fill=0: constrain(jnp.full((batch, n_slots), fill, dtype), ("batch", None))  # noqa: E731
   per_turn = lambda dtype, fill=0: jnp.full((batch, n_turns), fill, dtype)  # noqa: E731
+  system_tokens = assets.turns.system.max_tokens
+  windows = jax.vmap(functools.partial(visible_from, config), in_axes=(None, 0, 0, None))
+  window = windows(0, per_turn(jnp.int32), jnp.sum(chunk_valid, axis=1) - system_tokens, system_tokens)
+  segment = jnp.broadcast_to(prompt.chunk_segments(assets.turns, first_len, 0), chunk.shape)
+  window_BT = jnp.broadcast_to(window[:, None], chunk.shape)
   carry = dict(
-      sampler=prefill(model_config, params, chunk, chunk_valid, n_slots), env_state=env_state,
+      sampler=prefill(model_config, params, chunk, chunk_valid, n_slots, segment, window_BT), env_state=env_state,
       done=jnp.zeros((batch,), bool), actions_left=actions_left, reward=jnp.zeros((batch,), jnp.float32),
       ended_by_eos=jnp.zeros((batch,), bool), num_turns=jnp.zeros((batch,), jnp.int32),
       num_actions=jnp.zeros((batch,), jnp.int32),
@@ -59,6 +64,8 @@ def device_rollout(model_config: ModelConfig, params, env, env_params, assets: R
       generated=slots(bool, False), logp=slots(jnp.float32), turn_of_token=_write(slots(jnp.int32, -1),
                                                                                    jnp.where(chunk_valid, 0, -1), 0),
       turn_end=slots(bool, False), token_rewards=slots(jnp.float32),
+      segment=_write(slots(jnp.int32), segment, 0), visible_from=_write(slots(jnp.int32), window_BT, 0),
+      window=window, turn_tokens=per_turn(jnp.int32).at[:, 0].set(jnp.sum(chunk_valid, axis=1) - system_tokens),
       response_start=per_turn(jnp.int32, -1), response_len=per_turn(jnp.int32), reasoning_len=per_turn(jnp.int32),
       turn_rewards=per_turn(jnp.float32), format_ok=per_turn(bool, False))
 
@@ -66,7 +73,8 @@ def device_rollout(model_config: ModelConfig, params, env, env_params, assets: R
     active = ~c["done"]
     sample_key, env_key = jax.random.split(turn_key)
     sampler, gen = decode(model_config, params, c["sampler"], sample_key, rule=config.rule, max_new_tokens=n_new,
-                          stop_sequences_ML=assets.stop_sequences, active_B=active)
+                          stop_sequences_ML=assets.stop_sequences, active_B=active,
+                          segment_B=jnp.full((batch,), turn + 1, jnp.int32), visible_from_B=c["window"])
     written = jnp.arange(n_new)[None] < gen.lengths_B[:, None]
     outcome = act(env, env_params, assets, config, env_key, c["env_state"], gen.tokens_BN, gen.lengths_B, active,
                   c["actions_left"])
@@ -81,6 +89,9 @@ def device_rollout(model_config: ModelConfig, params, env, env_params, assets: R
             "logp": _write(c["logp"], jnp.where(written, gen.model_logp_BN, 0.0), offset),
             "turn_of_token": _write(c["turn_of_token"], jnp.where(written, turn, -1), offset),
             "turn_end": _write(c["turn_end"], last, offset),
+            "segment": _write(c["segment"], jnp.where(written, turn + 1, 0), offset),
+            "visible_from": _write(c["visible_from"], jnp.where(written, c["window"][:, None], 0), offset),
+            "turn_tokens": c["turn_tokens"].at[:, turn].add(gen.lengths_B),
             "token_rewards": _write(c["token_rewards"], jnp.where(last, outcome.reward[:, None], 0.0), offset),
             "response_start": at_turn(c["response_start"], jnp.where(active, offset, -1)),
             "response_len": at_turn(c["response_len"], gen.lengths_B),
@@ -96,9 +107,16 @@ def device_rollout(model_config: ModelConfig, params, env, env_params, assets: R
     chunk, chunk_valid = jax.vmap(prompt.turn_chunk, in_axes=(None, 0, 0, None, 0, 0, 0))(
         assets.turns, obs_ids, obs_len, turn, c["reward"], c["ended_by_eos"], c["actions_left"])
     chunk_valid &= active[:, None]
-    c = {**c, "sampler": extend(model_config, params, c["sampler"], chunk, chunk_valid),
+    chunk_tokens = jnp.sum(chunk_valid, axis=1)
+    window = windows(turn, c["turn_tokens"], chunk_tokens, system_tokens)
+    segment = jnp.where(chunk_valid, turn + 1, 0)
+    window_BT = jnp.where(chunk_valid, window[:, None], 0)
+    c = {**c, "sampler": extend(model_config, params, c["sampler"], chunk, chunk_valid, segment, window_BT),
          "tokens": _write(c["tokens"], jnp.where(chunk_valid, chunk, 0), offset - chunk_len),
          "valid": _write(c["valid"], chunk_valid, offset - chunk_len),
+         "segment": _write(c["segment"], segment, offset - chunk_len),
+         "visible_from": _write(c["visible_from"], window_BT, offset - chunk_len),
+         "window": window, "turn_tokens": c["turn_tokens"].at[:, turn].set(chunk_tokens),
          "turn_of_token": _write(c["turn_of_token"], jnp.where(chunk_valid, turn, -1), offset - chunk_len)}
     return play_turn(c, turn, offset, turn_key), None
 
@@ -110,8 +128,9 @@ def device_rollout(model_config: ModelConfig, params, env, env_params, assets: R
 
 def _finish(c, success_B, group_ids_B) -> Trajectories:
   """Packs the slot buffers to the left and derives the episode-level fields."""
-  new_position, valid, tokens, generated, logp, turn_of_token, turn_end, token_rewards = pack_left(
-      c["valid"], c["tokens"], c["generated"], c["logp"], c["turn_of_token"], c["turn_end"], c["token_rewards"])
+  new_position, valid, tokens, generated, logp, turn_of_token, turn_end, token_rewards, segment, window = pack_left(
+      c["valid"], c["tokens"], c["generated"], c["logp"], c["turn_of_token"], c["turn_end"], c["token_rewards"],
+      c["segment"], c["visible_from"])
   response_start = jnp.where(c["response_start"] >= 0,
                              jnp.take_along_axis(new_position, jnp.maximum(c["response_start"], 0), axis=1), -1)
   score = jnp.sum(c["turn_rewards"], axis=1)
@@ -119,6 +138,7 @@ def _finish(c, success_B, group_ids_B) -> Trajectories:
   score_rewards = jnp.where(jnp.arange(tokens.shape[1])[None] == last_generated[:, None], score[:, None], 0.0)
   return Trajectories(
       tokens=tokens, valid=valid, loss_mask=generated, sample_logp=logp, turn_of_token=turn_of_token,
+      segment_ids=jnp.where(valid, segment, 0), visible_from=jnp.where(valid, window, 0),
       turn_end=turn_end, token_rewards=token_rewards, score_rewards=score_rewards.astype(jnp.float32),
       response_start=response_start, response_len=c["response_len"], reasoning_len=c["reasoning_len"],
       turn_rewards=c["turn_rewards"], format_ok=c["format_ok"], score=score, success=success_B,

@@ -25,11 +25,37 @@ class RolloutConfig:
   max_actions_per_traj: int = 10
   format_penalty: float = -0.1
   rule: SamplingRule = SamplingRule(temperature=1.0)
+  context_turns: int = 0       # turns a prompt keeps (the current one included); 0: all
+  max_context_tokens: int = 0  # prompt + reply budget; older turns are dropped past it; 0: no limit
 
   def __post_init__(self):
     for name in ("max_turns", "max_new_tokens", "max_actions_per_turn", "max_actions_per_traj"):
       if getattr(self, name) < 1:
         raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
+    if self.context_turns < 0 or self.max_context_tokens < 0:
+      raise ValueError(f"context_turns and max_context_tokens must be >= 0 (0: no limit), got "
+                       f"{self.context_turns}, {self.max_context_tokens}")
+
+
+def visible_from(config: RolloutConfig, turn, turn_tokens_K, chunk_tokens, system_tokens) -> jax.Array:
+  """Jittable, one episode: the oldest turn segment (turn k is segment k + 1) that turn
+  `turn`'s prompt and reply still see (the system prompt is always kept).
+
+  turn_tokens_K: tokens of each earlier turn (prompt chunk without the system prompt, plus
+  reply); entries from `turn` on are ignored. chunk_tokens: the new turn's prompt chunk.
+  Turns are dropped oldest first to keep the last `context_turns` turns and to fit the
+  system prompt, the kept turns and a full reply budget into `max_context_tokens` (when
+  even the current turn alone does not fit, only it is kept).
+  """
+  first_kept = jnp.zeros((), jnp.int32)
+  if config.context_turns:
+    first_kept = jnp.maximum(turn + 1 - config.context_turns, 0)
+  if config.max_context_tokens:
+    k = jnp.arange(turn_tokens_K.shape[0])
+    kept_K = jnp.sum(jnp.where((k[None, :] >= k[:, None]) & (k[None, :] < turn), turn_tokens_K[None, :], 0), axis=1)
+    fits_K = (system_tokens + kept_K + chunk_tokens + config.max_new_tokens <= config.max_context_tokens) & (k <= turn)
+    first_kept = jnp.maximum(first_kept, jnp.where(jnp.any(fits_K), jnp.argmax(fits_K), turn))
+  return (first_kept + 1).astype(jnp.int32)
 
 
 @flax.struct.dataclass

@@ -18,7 +18,7 @@ import numpy as np
 from ragen_jax.models.model import Model
 from ragen_jax.rollout import prompt
 from ragen_jax.rollout.episodes import (RolloutAssets, RolloutConfig, act, reasoning_length, render_batch,
-                                        reset_batch)
+                                        reset_batch, visible_from)
 from ragen_jax.sampling import SamplingSession
 from ragen_jax.trajectories import Trajectories
 
@@ -31,6 +31,8 @@ class EpisodeRecord:
   generated: list = dataclasses.field(default_factory=list)
   logp: list = dataclasses.field(default_factory=list)
   turn_of_token: list = dataclasses.field(default_factory=list)
+  segment: list = dataclasses.field(default_factory=list)
+  visible_from: list = dataclasses.field(default_factory=list)
   turn_end: list = dataclasses.field(default_factory=list)
   token_rewards: list = dataclasses.field(default_factory=list)
   response_start: list = dataclasses.field(default_factory=list)
@@ -40,13 +42,20 @@ class EpisodeRecord:
   format_ok: list = dataclasses.field(default_factory=list)
   num_actions: int = 0
 
-  def add_prompt(self, ids, turn: int):
+  def add_prompt(self, ids, turn: int, window: int = 1, system_tokens: int = 0):
+    """Appends a turn's prompt chunk; its first `system_tokens` are the system prompt."""
     self.tokens += list(ids)
     self.generated += [False] * len(ids)
     self.logp += [0.0] * len(ids)
     self.turn_of_token += [turn] * len(ids)
+    self.segment += [0] * system_tokens + [turn + 1] * (len(ids) - system_tokens)
+    self.visible_from += [window] * len(ids)
     self.turn_end += [False] * len(ids)
     self.token_rewards += [0.0] * len(ids)
+
+  def turn_tokens(self, max_turns: int) -> np.ndarray:
+    """int32[max_turns]: tokens of each turn so far, the system prompt not counted."""
+    return np.bincount(np.asarray(self.segment, np.int64), minlength=max_turns + 1)[1:max_turns + 1].astype(np.int32)
 
   def add_reply(self, ids, logp, turn: int, reward: float, format_ok: bool, reasoning: int, num_actions: int):
     self.response_start.append(len(self.tokens) if len(ids) else -1)
@@ -59,6 +68,8 @@ class EpisodeRecord:
     self.generated += [True] * len(ids)
     self.logp += list(logp)
     self.turn_of_token += [turn] * len(ids)
+    self.segment += [turn + 1] * len(ids)
+    self.visible_from += [self.visible_from[-1]] * len(ids)
     self.turn_end += [i == len(ids) - 1 for i in range(len(ids))]
     self.token_rewards += [reward if i == len(ids) - 1 else 0.0 for i in range(len(ids))]
 
@@ -94,6 +105,7 @@ def assemble(records: list[EpisodeRecord], success, group_ids, seq_len: int, max
   return Trajectories(
       tokens=per_token("tokens", np.int32), valid=valid, loss_mask=generated,
       sample_logp=per_token("logp", np.float32), turn_of_token=per_token("turn_of_token", np.int32, -1),
+      segment_ids=per_token("segment", np.int32), visible_from=per_token("visible_from", np.int32),
       turn_end=per_token("turn_end", bool, False), token_rewards=per_token("token_rewards", np.float32),
       score_rewards=score_rewards, response_start=per_turn("response_start", np.int32, -1),
       response_len=per_turn("response_len", np.int32), reasoning_len=per_turn("reasoning_len", np.int32),
@@ -108,12 +120,26 @@ _turn_chunks = jax.jit(jax.vmap(prompt.turn_chunk, in_axes=(None, 0, 0, None, 0,
 _reasoning_lengths = jax.jit(jax.vmap(reasoning_length, in_axes=(None, 0, 0)))
 
 
+@functools.partial(jax.jit, static_argnums=(0,))
+def _visible_from(config: RolloutConfig, turn, turn_tokens_BK, chunk_tokens_B, system_tokens):
+  return jax.vmap(functools.partial(visible_from, config), in_axes=(None, 0, 0, None))(
+      turn, turn_tokens_BK, chunk_tokens_B, system_tokens)
+
+
+def context_windows(config: RolloutConfig, turn: int, records: list[EpisodeRecord], chunk_tokens,
+                    system_tokens: int) -> np.ndarray:
+  """int32[B]: each episode's `visible_from` for turn `turn` (see `episodes.visible_from`)."""
+  turn_tokens = np.stack([r.turn_tokens(config.max_turns) for r in records])
+  return np.asarray(_visible_from(config, turn, turn_tokens, np.asarray(chunk_tokens, np.int32), system_tokens))
+
+
 def reprefill_policy(model: Model, config: RolloutConfig, assets: RolloutAssets):
   """The sampler as a host policy: every call prefills each whole history from scratch."""
 
-  def policy(histories, active, env_state, key):
+  def policy(records, active, env_state, key):
     del env_state
-    session = SamplingSession.for_replies(model, histories, config.max_new_tokens)
+    session = SamplingSession.for_replies(model, [r.tokens for r in records], config.max_new_tokens,
+                                          [r.segment for r in records], [r.visible_from for r in records])
     return session.generate(config.max_new_tokens, config.rule, key=key, stop_sequences=assets.stop_sequences,
                             active=active)
 
@@ -124,8 +150,9 @@ def host_rollout(policy, env, env_params, assets: RolloutAssets, config: Rollout
                  key, seq_len: int) -> Trajectories:
   """Plays the episodes turn by turn from the host.
 
-  `policy(histories, active_B, env_state, key)` returns a `sampling.Generation` (or an
-  object with its fields) with one reply per row; `reprefill_policy` wraps the sampler.
+  `policy(records, active_B, env_state, key)` gets the `EpisodeRecord`s so far and returns a
+  `sampling.Generation` (or an object with its fields) with one reply per row;
+  `reprefill_policy` wraps the sampler.
   """
   seeds_B = jnp.asarray(seeds_B, jnp.int32)
   batch = seeds_B.shape[0]
@@ -146,10 +173,13 @@ def host_rollout(policy, env, env_params, assets: RolloutAssets, config: Rollout
       chunks, chunk_valid = _turn_chunks(assets.turns, obs_ids, obs_len, turn, jnp.asarray(reward),
                                          jnp.asarray(ended_by_eos), jnp.asarray(actions_left))
     chunks, chunk_valid = np.asarray(chunks), np.asarray(chunk_valid)
+    system_tokens = assets.turns.system.max_tokens if turn == 0 else 0
+    windows = context_windows(config, turn, records, chunk_valid.sum(1) - system_tokens,
+                              assets.turns.system.max_tokens)
     for i in np.flatnonzero(~done):
-      records[i].add_prompt(chunks[i][chunk_valid[i]], turn)
+      records[i].add_prompt(chunks[i][chunk_valid[i]], turn, int(windows[i]), system_tokens)
     sample_key, env_key = jax.random.split(turn_keys[turn])
-    gen = policy([r.tokens for r in records], ~done, env_state, sample_key)
+    gen = policy(records, ~done, env_state, sample_key)
     outcome = _act(env, env_params, assets, config, env_key, env_state, jnp.asarray(gen.tokens_BN),
                    jnp.asarray(gen.lengths_B), jnp.asarray(~done), jnp.asarray(actions_left))
     think = np.asarray(_reasoning_lengths(assets.vocab, jnp.asarray(gen.tokens_BN), jnp.asarray(gen.lengths_B)))

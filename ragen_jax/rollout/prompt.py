@@ -99,9 +99,11 @@ def conversation_text(pieces: ChatPieces, system: str, turns) -> str:
 
 @flax.struct.dataclass
 class TurnTables:
-  """Token tables of the turn chunks: `first` opens the conversation (system prompt, "Turn 1"),
-  `head` opens a later turn (reward line, "Turn k"), `tail` follows the observation."""
+  """Token tables of the turn chunks: `system` opens the conversation (the system prompt,
+  kept by every context window), `first` starts turn 0 ("Turn 1"), `head` opens a later
+  turn (reward line, "Turn k"), `tail` follows the observation."""
 
+  system: env_text.TextTable
   first: env_text.TextTable
   head: env_text.TextTable
   tail: env_text.TextTable
@@ -115,12 +117,14 @@ def build_turn_tables(vocab: env_text.Vocab, pieces: ChatPieces, system: str, ma
                       max_actions: int, max_response_tokens: int) -> TurnTables:
   """Tokenises every fixed fragment of the turn chunks once (host)."""
   reward_open = pieces.reply_to_user + "Reward:\n"
-  first = ((pieces.system_open + system + pieces.system_to_user + "Turn 1:\nState:\n",),)
+  system_part = ((pieces.system_open + system + pieces.system_to_user,),)
+  first = (("Turn 1:\nState:\n",),)
   head = ((reward_open, pieces.end_of_reply + reward_open), ("-",), *([_DIGITS] * MAX_REWARD_DIGITS), (".",),
           _DIGITS, _DIGITS, ("\n",), tuple(f"Turn {k + 1}:\nState:\n" for k in range(max_turns)))
   tail = tuple(f"\nYou have {n} actions left. {FORMAT_REMINDER} Max response length: {max_response_tokens} words "
                f"(tokens)." + pieces.generation_open + THINK_OPEN for n in range(max_actions + 1))
-  return TurnTables(first=env_text.compile_template(vocab, first), head=env_text.compile_template(vocab, head),
+  return TurnTables(system=env_text.compile_template(vocab, system_part),
+                    first=env_text.compile_template(vocab, first), head=env_text.compile_template(vocab, head),
                     tail=env_text.compile_template(vocab, (tail,)))
 
 
@@ -145,9 +149,18 @@ def _join(*parts):
 
 
 def first_chunk(tables: TurnTables, obs_ids, obs_len, actions_left):
-  """Jittable: one row's turn-0 chunk as (ids int32[C0], valid bool[C0]); holes between the parts."""
-  return _join(env_text.render_slots(tables.first, jnp.zeros((1,), jnp.int32)), (obs_ids, obs_len),
-               env_text.render_slots(tables.tail, jnp.asarray([actions_left], jnp.int32)))
+  """Jittable: one row's turn-0 chunk as (ids int32[C0], valid bool[C0]); holes between the parts.
+  Its first `tables.system.max_tokens` slots are the system prompt."""
+  zero = jnp.zeros((1,), jnp.int32)
+  return _join(env_text.render_slots(tables.system, zero), env_text.render_slots(tables.first, zero),
+               (obs_ids, obs_len), env_text.render_slots(tables.tail, jnp.asarray([actions_left], jnp.int32)))
+
+
+def chunk_segments(tables: TurnTables, chunk_len: int, turn) -> jax.Array:
+  """Jittable: int32[chunk_len] segment ids of a turn's chunk: 0 for the system prompt
+  (always visible), turn + 1 for the rest (see `models.transformer`)."""
+  system = (jnp.arange(chunk_len) < tables.system.max_tokens) & (turn == 0)
+  return jnp.where(system, 0, turn + 1).astype(jnp.int32)
 
 
 def turn_chunk(tables: TurnTables, obs_ids, obs_len, turn, prev_reward, prev_ended_by_eos, actions_left):

@@ -14,7 +14,7 @@ from envs.host import score_batch
 from envs.text import ANSWER_CLOSE
 from ragen_jax.rollout import prompt
 from ragen_jax.rollout.episodes import RolloutConfig
-from ragen_jax.rollout.host import EpisodeRecord, assemble
+from ragen_jax.rollout.host import EpisodeRecord, assemble, context_windows
 from ragen_jax.sampling import SamplingSession, stop_sequence_array
 from ragen_jax.trajectories import Trajectories
 
@@ -36,17 +36,22 @@ def text_rollout(model, tokenizer, make_env, config: RolloutConfig, seeds_B, gro
   eos = set(model.config.eos_token_ids)
   turn_keys = jax.random.split(key, max_turns)
   ended_by_eos = np.zeros(len(envs), bool)
+  system_ids = tokenizer.encode(pieces.system_open + system + pieces.system_to_user, add_special_tokens=False)
   for turn in range(max_turns):
+    chunks = {}
     for i in np.flatnonzero(~done):
-      user = prompt.user_text(turn, observations[i], max_turns - turn, config.max_new_tokens)
-      if turn == 0:
-        text = pieces.system_open + system + pieces.system_to_user
-      else:
-        text = ("" if ended_by_eos[i] else pieces.end_of_reply) + pieces.reply_to_user
+      text = "" if turn == 0 else ("" if ended_by_eos[i] else pieces.end_of_reply) + pieces.reply_to_user
+      if turn:
         text += f"Reward:\n{prompt.format_reward(float(rewards[i]))}\n"
-      text += user + pieces.generation_open + prompt.THINK_OPEN
-      records[i].add_prompt(tokenizer.encode(text, add_special_tokens=False), turn)
-    session = SamplingSession.for_replies(model, [r.tokens for r in records], config.max_new_tokens)
+      text += prompt.user_text(turn, observations[i], max_turns - turn, config.max_new_tokens)
+      chunks[i] = tokenizer.encode(text + pieces.generation_open + prompt.THINK_OPEN, add_special_tokens=False)
+    chunk_tokens = [len(chunks.get(i, ())) for i in range(len(envs))]
+    windows = context_windows(config, turn, records, chunk_tokens, len(system_ids))
+    for i, ids in chunks.items():
+      system_tokens = len(system_ids) if turn == 0 else 0
+      records[i].add_prompt((system_ids if turn == 0 else []) + ids, turn, int(windows[i]), system_tokens)
+    session = SamplingSession.for_replies(model, [r.tokens for r in records], config.max_new_tokens,
+                                          [r.segment for r in records], [r.visible_from for r in records])
     gen = session.generate(config.max_new_tokens, config.rule, stop_sequences=stops, key=turn_keys[turn],
                            active=~done)
     tokens, lengths, logp = (np.asarray(x) for x in (gen.tokens_BN, gen.lengths_B, gen.model_logp_BN))

@@ -65,12 +65,15 @@ class Generation:
 def _constrain_cache(cache: KVCache) -> KVCache:
   axes = ("cache_layers", "batch", "act_kv_heads", "cache_length", "head_dim")
   return cache.replace(k=constrain(cache.k, axes), v=constrain(cache.v, axes),
-                       valid=constrain(cache.valid, ("batch", "cache_length")))
+                       valid=constrain(cache.valid, ("batch", "cache_length")),
+                       segment=constrain(cache.segment, ("batch", "cache_length")))
 
 
-def _extend(config: ModelConfig, params, state: SamplerState, tokens_BT, valid_BT) -> SamplerState:
+def _extend(config: ModelConfig, params, state: SamplerState, tokens_BT, valid_BT, segment_BT=None,
+            visible_from_BT=None) -> SamplerState:
   module = Transformer(config)
-  hidden_BTD, cache = module.apply({"params": params}, tokens_BT, valid_BT, state.cache)
+  hidden_BTD, cache = module.apply({"params": params}, tokens_BT, valid_BT, state.cache, segment_BT=segment_BT,
+                                   visible_from_BT=visible_from_BT)
   # Each row's next-token logits come from its last valid token of this chunk.
   last = jnp.max(jnp.where(valid_BT, jnp.arange(tokens_BT.shape[1]), -1), axis=1)
   hidden_B1D = jnp.take_along_axis(hidden_BTD, jnp.maximum(last, 0)[:, None, None], axis=1)
@@ -80,18 +83,21 @@ def _extend(config: ModelConfig, params, state: SamplerState, tokens_BT, valid_B
 
 
 @functools.partial(jax.jit, static_argnames=("config", "max_len"))
-def prefill(config: ModelConfig, params, tokens_BT, valid_BT, max_len: int) -> SamplerState:
-  """A fresh cache of `max_len` slots holding the prompts (left- or right-padded)."""
+def prefill(config: ModelConfig, params, tokens_BT, valid_BT, max_len: int, segment_BT=None,
+            visible_from_BT=None) -> SamplerState:
+  """A fresh cache of `max_len` slots holding the prompts (left- or right-padded);
+  segment_BT / visible_from_BT: context windows (see `models.transformer`)."""
   batch = tokens_BT.shape[0]
   cache = _constrain_cache(KVCache.zeros(config, batch, max_len))
   empty = SamplerState(cache=cache, logits_BV=jnp.zeros((batch, config.vocab_size), jnp.float32))
-  return _extend(config, params, empty, tokens_BT, valid_BT)
+  return _extend(config, params, empty, tokens_BT, valid_BT, segment_BT, visible_from_BT)
 
 
 @functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("state",))
-def extend(config: ModelConfig, params, state: SamplerState, tokens_BT, valid_BT) -> SamplerState:
+def extend(config: ModelConfig, params, state: SamplerState, tokens_BT, valid_BT, segment_BT=None,
+           visible_from_BT=None) -> SamplerState:
   """Appends a padded chunk of tokens (e.g. the next observation) to every row's cache."""
-  return _extend(config, params, state, tokens_BT, valid_BT)
+  return _extend(config, params, state, tokens_BT, valid_BT, segment_BT, visible_from_BT)
 
 
 def stop_sequence_array(stop_sequences) -> np.ndarray:
@@ -124,11 +130,12 @@ def _ends_with_stop(tokens_BN, num_generated_B, stops_ML):
                    donate_argnames=("state",))
 def decode(config: ModelConfig, params, state: SamplerState, key, *, rule: SamplingRule,
            max_new_tokens: int, row_max_new_tokens_B=None, stop_sequences_ML=None,
-           active_B=None) -> tuple[SamplerState, Generation]:
+           active_B=None, segment_B=None, visible_from_B=None) -> tuple[SamplerState, Generation]:
   """Samples up to `max_new_tokens` (per row at most `row_max_new_tokens_B`) per row.
 
-  Rows with `active_B` False generate nothing. Every generated token, the last one
-  included, is written to the cache, so `extend` can continue the conversation.
+  Rows with `active_B` False generate nothing. New tokens get segment `segment_B` and
+  see segments from `visible_from_B` (default 0: everything; see `models.transformer`).
+  Every generated token, the last one included, is written to the cache, so `extend` can continue the conversation.
   The cache must have `max_new_tokens` free slots (see `check_room`).
   """
   batch = state.logits_BV.shape[0]
@@ -137,6 +144,8 @@ def decode(config: ModelConfig, params, state: SamplerState, key, *, rule: Sampl
   limit_B = jnp.full((batch,), max_new_tokens, jnp.int32) if row_max_new_tokens_B is None \
       else jnp.minimum(row_max_new_tokens_B, max_new_tokens)
   done_B = (limit_B <= 0) if active_B is None else (~active_B | (limit_B <= 0))
+  segment_B1 = None if segment_B is None else segment_B[:, None]
+  visible_from_B1 = None if visible_from_B is None else visible_from_B[:, None]
   zeros_BN = jnp.zeros((batch, max_new_tokens), jnp.float32)
   init = dict(state=state, key=key, step=jnp.zeros((), jnp.int32), done=done_B,
               n=jnp.zeros((batch,), jnp.int32), eos=jnp.zeros((batch,), bool), stop=jnp.zeros((batch,), bool),
@@ -156,7 +165,7 @@ def decode(config: ModelConfig, params, state: SamplerState, key, *, rule: Sampl
     eos = active & jnp.isin(token, eos_ids)
     stop = active & ~eos & _ends_with_stop(tokens, n, stops)
     done = c["done"] | eos | stop | (n >= limit_B)
-    new_state = _extend(config, params, c["state"], token[:, None], active[:, None])
+    new_state = _extend(config, params, c["state"], token[:, None], active[:, None], segment_B1, visible_from_B1)
     return dict(state=new_state, key=key, step=c["step"] + 1, done=done, n=n, eos=c["eos"] | eos,
                 stop=c["stop"] | stop, tokens=tokens,
                 slp=jax.lax.dynamic_update_slice(c["slp"], jnp.where(active, slp, 0.0)[:, None], at),

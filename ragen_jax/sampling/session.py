@@ -42,22 +42,33 @@ class SamplingSession:
   state: SamplerState
   max_len: int
   used: int
+  reply_segment: np.ndarray | None = None       # int32[B], segment of generated tokens
+  reply_visible_from: np.ndarray | None = None  # int32[B], their context window
 
   @classmethod
-  def start(cls, model: Model, prompts: Sequence[Sequence[int]], max_len: int) -> SamplingSession:
+  def start(cls, model: Model, prompts: Sequence[Sequence[int]], max_len: int, segments=None,
+            visible_from=None) -> SamplingSession:
+    """Prefills the prompts. `segments` / `visible_from` (per-token lists like `prompts`)
+    restrict each token's context (see `models.transformer`); replies continue the
+    segment and window of their prompt's last token."""
     tokens, valid = pad_batch(prompts)
     if tokens.shape[1] > max_len:
       raise CacheOverflowError(f"prompts need {tokens.shape[1]} cache slots, the cache has {max_len}")
+    windows = [None, None] if segments is None else [pad_batch(x)[0] for x in (segments, visible_from)]
     with jax.set_mesh(model.mesh):
       sharding = input_sharding(model.mesh, tokens.shape)
-      state = prefill(model.config, model.params, jax.device_put(tokens, sharding),
-                      jax.device_put(valid, sharding), max_len)
-    return cls(model=model, state=state, max_len=max_len, used=tokens.shape[1])
+      put = lambda x: None if x is None else jax.device_put(x, sharding)  # noqa: E731
+      state = prefill(model.config, model.params, put(tokens), put(valid), max_len, *map(put, windows))
+    last = (lambda x: None) if segments is None else (lambda x: x[:, -1])
+    return cls(model=model, state=state, max_len=max_len, used=tokens.shape[1], reply_segment=last(windows[0]),
+               reply_visible_from=last(windows[1]))
 
   @classmethod
-  def for_replies(cls, model: Model, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> SamplingSession:
+  def for_replies(cls, model: Model, prompts: Sequence[Sequence[int]], max_new_tokens: int, segments=None,
+                  visible_from=None) -> SamplingSession:
     """A session whose cache holds the (padded) prompts plus `max_new_tokens` replies."""
-    return cls.start(model, prompts, max_len=round_up(max(len(p) for p in prompts), 8) + max_new_tokens)
+    return cls.start(model, prompts, round_up(max(len(p) for p in prompts), 8) + max_new_tokens, segments,
+                     visible_from)
 
   def _check_room(self, needed: int):
     if self.used + needed > self.max_len:
@@ -89,7 +100,8 @@ class SamplingSession:
     with jax.set_mesh(self.model.mesh):
       self.state, generation = decode(self.model.config, self.model.params, self.state, key, rule=rule,
                                       max_new_tokens=max_new_tokens, row_max_new_tokens_B=row_limits,
-                                      stop_sequences_ML=stops, active_B=active)
+                                      stop_sequences_ML=stops, active_B=active, segment_B=self.reply_segment,
+                                      visible_from_B=self.reply_visible_from)
     self.used += max_new_tokens
     return generation
 

@@ -85,6 +85,7 @@ def make_batch(episodes: list[Episode], seq_len: int, max_turns: int) -> Traject
       **{k: jnp.asarray(v) for k, v in arrays.items()}, sample_logp=jnp.zeros((b, seq_len), jnp.float32),
       **{k: jnp.asarray(v) for k, v in per_turn.items()},
       turn_rewards=jnp.zeros((b, max_turns), jnp.float32), format_ok=jnp.ones((b, max_turns), bool),
+      segment_ids=jnp.zeros((b, seq_len), jnp.int32), visible_from=jnp.zeros((b, seq_len), jnp.int32),
       score=jnp.asarray([e.score for e in episodes], jnp.float32), success=jnp.zeros((b,), bool),
       num_turns=jnp.asarray(num_turns), num_actions=jnp.asarray(num_turns),
       group_ids=jnp.asarray([e.group for e in episodes], jnp.int32))

@@ -3,6 +3,7 @@
 import json
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
@@ -128,3 +129,22 @@ def test_bundled_smollm2_predicts_paris_and_matches_transformers(smollm2_dir):
   ours = np.asarray(model.logits(tokens))
   assert tokenizer.decode([int(ours[0, -1].argmax())]) == " Paris"
   assert _max_rel_err(ours, _torch_logits(hf_model, tokens)) <= 1e-4
+
+
+@pytest.mark.parametrize("slots,key_end,block", [(50, 50, 16), (50, 37, 16), (50, 5, 64), (64, 64, 16), (64, 20, 8)])
+def test_cached_attention_reads_only_the_filled_blocks_and_equals_full_attention(slots, key_end, block):
+  from ragen_jax.models.transformer import attention, cached_attention
+  rng = np.random.default_rng(slots + key_end)
+  b, t, n, kv, h, layers = 2, 3, 4, 2, 8, 2
+  q = jnp.asarray(rng.normal(size=(b, t, n, h)), jnp.float32)
+  cache_k, cache_v = (jnp.asarray(rng.normal(size=(layers, b, kv, slots, h)), jnp.float32) for _ in range(2))
+  mask = jnp.asarray(rng.random((b, t, slots)) < 0.6) & (jnp.arange(slots) < key_end)
+  mask = mask.at[:, :, 0].set(True)  # every query sees at least one key
+  expected = attention(q, cache_k[1], cache_v[1], mask)
+  got = jax.jit(cached_attention, static_argnames="block")(q, cache_k, cache_v, 1, mask, key_end, block=block)
+  np.testing.assert_allclose(got, expected, atol=1e-5)
+  # Blocks past key_end are never read: NaN there changes nothing.
+  unread = -(-key_end // block) * block
+  if unread < slots:
+    poisoned = cache_k.at[:, :, :, unread:].set(jnp.nan), cache_v.at[:, :, :, unread:].set(jnp.nan)
+    np.testing.assert_allclose(cached_attention(q, *poisoned, 1, mask, key_end, block=block), expected, atol=1e-5)

@@ -1,0 +1,144 @@
+"""Multi-process training: 2 processes with 1 CPU device each train like 1 process with 2 devices.
+
+The workers run this module (`python -m tests.test_multihost MODEL_DIR WORKDIR OVERRIDES_JSON`) with
+jax.distributed on localhost and gloo CPU collectives.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from ragen_jax.config import ConfigError
+from ragen_jax.distributed import cluster_settings
+from ragen_jax.report.writer import read_metrics
+from ragen_jax.train import build_experiment, train
+from tests.test_train import ROOT, _config
+
+WORKER_TIMEOUT_S = 480
+# An update every iteration (no filter), so the resumed one uses the restored optimizer state; validation after
+# iterations 2 and 3 with the training rollout's batch and temperature (so nothing new to compile).
+RUN = {"train.iterations": 3, "filter.enabled": False, "diagnostics.enabled": False, "train.val_episodes": 8,
+       "rollout.val_temperature": 1.0}
+
+
+def _worker(model_dir, workdir, overrides):
+  """A run stopped after 2 iterations, then resumed from its checkpoint for the third."""
+  for iterations, resume in ((2, False), (3, True)):
+    metrics = train(_config(model_dir, workdir, **(overrides | {"train.iterations": iterations, "train.resume": resume,
+                                                                 "distributed.enabled": True})))
+  with open(os.path.join(workdir, f"returned_metrics_{jax.process_index()}.json"), "w") as f:
+    json.dump(metrics, f)
+
+
+def _start_two_processes(model_dir, workdir, overrides) -> list[tuple[subprocess.Popen, str]]:
+  os.makedirs(workdir, exist_ok=True)
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    port = s.getsockname()[1]
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu",
+         "RAGEN_COORDINATOR": f"localhost:{port}", "RAGEN_NUM_PROCESSES": "2",
+         # test speed only: the resumed run's fresh jits load what the first run compiled
+         "JAX_COMPILATION_CACHE_DIR": str(workdir / "xla_cache"), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "1"}
+  workers = []
+  for i in range(2):
+    log = os.path.join(workdir, f"worker_{i}.log")
+    with open(log, "w") as out:
+      workers.append((subprocess.Popen(
+          [sys.executable, "-m", "tests.test_multihost", str(model_dir), str(workdir), json.dumps(overrides)],
+          cwd=ROOT, env=env | {"RAGEN_PROCESS_ID": str(i)}, stdout=out, stderr=subprocess.STDOUT), log))
+  return workers
+
+
+def _wait(workers) -> list[tuple[int, str]]:
+  """(return code, output) of each worker; all are killed if one is not done within WORKER_TIMEOUT_S."""
+  deadline = time.monotonic() + WORKER_TIMEOUT_S
+  try:
+    codes = [proc.wait(timeout=max(deadline - time.monotonic(), 1)) for proc, _ in workers]
+  finally:
+    for proc, _ in workers:
+      if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+  results = []
+  for code, (_, log) in zip(codes, workers):
+    with open(log) as f:
+      results.append((code, f.read()))
+  return results
+
+
+def _without_times(metrics: dict) -> dict:
+  return {k: v for k, v in metrics.items() if not k.startswith("time/")}
+
+
+def test_two_processes_train_and_resume_like_one_process_with_two_devices(replying_model_dir, tmp_path):
+  workers = _start_two_processes(replying_model_dir, tmp_path / "two", RUN)
+  try:
+    one = train(_config(replying_model_dir, tmp_path / "one", **RUN, **{"mesh.num_devices": 2}))
+  finally:
+    results = _wait(workers)
+  for i, (code, output) in enumerate(results):
+    assert code == 0, f"worker {i} failed:\n{output[-3000:]}"
+
+  two_dir = tmp_path / "two"
+  returned = [json.loads((two_dir / f"returned_metrics_{i}.json").read_text()) for i in range(2)]
+  assert _without_times(returned[0]) == _without_times(returned[1]), "the processes disagree on the metrics"
+  assert len((two_dir / "metrics.jsonl").read_text().splitlines()) == 3, "only process 0 writes metric rows"
+  assert sorted(os.listdir(two_dir / "checkpoints"), key=int) == ["1", "2", "3"]
+  rows_one, rows_two = read_metrics(str(tmp_path / "one")), read_metrics(str(two_dir))
+  assert [r["step"] for r in rows_two] == [1, 2, 3] and "val/success" in rows_two[1]
+  for a, b in zip(rows_one + [one], rows_two + [returned[0]]):
+    a, b = _without_times(a), _without_times(b)
+    assert a.keys() == b.keys()
+    for key in a:
+      np.testing.assert_allclose(b[key], a[key], rtol=1e-5, atol=1e-6, err_msg=key)
+  params_one = load_file(str(tmp_path / "one" / "final_model" / "model.safetensors"))
+  params_two = load_file(str(two_dir / "final_model" / "model.safetensors"))
+  assert params_one.keys() == params_two.keys()
+  for name, value in params_one.items():
+    np.testing.assert_allclose(params_two[name], value, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("overrides,message", [({"train.val_episodes": 3}, "val_episodes=3 does not divide over 2"),
+                                               ({"env.name": "countdown"}, "host text environment")])
+def test_multi_process_settings_fail_before_the_model_loads(tmp_path, overrides, message):
+  results = _wait(_start_two_processes(tmp_path / "no_model", tmp_path, overrides))
+  for code, output in results:
+    assert code != 0 and message in output, output[-3000:]
+
+
+def test_cluster_settings_from_config_or_environment():
+  def cfg(**kw):
+    return ml_collections.ConfigDict({"enabled": True, "coordinator": "", "num_processes": 0, "process_id": -1} | kw)
+
+  env = {"RAGEN_COORDINATOR": "host0:1234", "RAGEN_NUM_PROCESSES": "4", "RAGEN_PROCESS_ID": "3"}
+  assert cluster_settings(cfg(), {}) is None  # JAX detects a TPU pod, SLURM or Open MPI
+  assert cluster_settings(cfg(), env) == ("host0:1234", 4, 3)
+  assert cluster_settings(cfg(coordinator="h:9", num_processes=2, process_id=0), env) == ("h:9", 2, 0)
+  for bad, message in [(cfg(num_processes=2), "coordinator .* process_id .* not set"),
+                       (cfg(coordinator="h:9", num_processes=2, process_id=2), "below num_processes 2"),
+                       (cfg(coordinator="h", num_processes=2, process_id=1), "HOST:PORT"),
+                       (cfg(coordinator="h:9", process_id=0), "num_processes")]:
+    with pytest.raises(ConfigError, match=message):
+      cluster_settings(bad, {})
+  with pytest.raises(ConfigError, match="RAGEN_NUM_PROCESSES='two'"):
+    cluster_settings(cfg(), env | {"RAGEN_NUM_PROCESSES": "two"})
+
+
+def test_bad_distributed_settings_fail_before_jax_distributed_starts():
+  config = _config("", "unused", **{"distributed.enabled": True, "distributed.coordinator": "localhost:1",
+                                    "distributed.num_processes": 2, "distributed.process_id": 2})
+  with pytest.raises(ConfigError, match="process_id 2 must be below num_processes 2"):
+    build_experiment(config)
+
+
+if __name__ == "__main__":
+  _worker(sys.argv[1], sys.argv[2], json.loads(sys.argv[3]))
