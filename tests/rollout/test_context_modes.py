@@ -48,6 +48,13 @@ def _reference_window(turn, system, total, chunk, context_turns, budget, max_new
 
 
 @pytest.fixture(scope="module")
+def single_turn(replying_model, sokoban, assets, greedy_config):
+  """(config, device trajectories, host trajectories) of single-turn rollouts, shared by the tests."""
+  config = dataclasses.replace(greedy_config, context_turns=1)
+  return (config, *_rollouts(replying_model, sokoban, assets, config))
+
+
+@pytest.fixture(scope="module")
 def budget(replying_model, sokoban, assets, greedy_config):
   """A token budget under which turn 1 still sees turn 0 but turn 2 must drop it."""
   full, _ = _rollouts(replying_model, sokoban, assets, greedy_config)
@@ -59,11 +66,14 @@ def budget(replying_model, sokoban, assets, greedy_config):
 
 
 @pytest.mark.parametrize("mode", ["limited_multi_turn", "single_turn", "token_budget"])
-def test_windows_follow_the_rule_and_both_paths_agree(mode, budget, replying_model, sokoban, assets, greedy_config):
-  overrides = {"limited_multi_turn": dict(context_turns=2), "single_turn": dict(context_turns=1),
-               "token_budget": dict(max_context_tokens=budget)}[mode]
-  config = dataclasses.replace(greedy_config, **overrides)
-  device, host = _rollouts(replying_model, sokoban, assets, config)
+def test_windows_follow_the_rule_and_both_paths_agree(mode, request, replying_model, sokoban, assets, greedy_config):
+  if mode == "single_turn":
+    config, device, host = request.getfixturevalue("single_turn")
+  else:
+    overrides = {"limited_multi_turn": dict(context_turns=2),
+                 "token_budget": dict(max_context_tokens=request.getfixturevalue("budget"))}[mode]
+    config = dataclasses.replace(greedy_config, **overrides)
+    device, host = _rollouts(replying_model, sokoban, assets, config)
   for field in dataclasses.fields(device):
     a, b = np.asarray(getattr(device, field.name)), np.asarray(getattr(host, field.name))
     if field.name == "sample_logp":
@@ -83,10 +93,8 @@ def test_windows_follow_the_rule_and_both_paths_agree(mode, budget, replying_mod
   assert dropped > 0, "no turn was dropped: the test would not see a window"
 
 
-def test_single_turn_logits_equal_transformers_on_the_kept_text(replying_model, replying_model_dir, sokoban, assets,
-                                                                greedy_config):
-  config = dataclasses.replace(greedy_config, context_turns=1)
-  device, _ = _rollouts(replying_model, sokoban, assets, config)
+def test_single_turn_logits_equal_transformers_on_the_kept_text(single_turn, replying_model_dir):
+  _, device, _ = single_turn
   hf = transformers.AutoModelForCausalLM.from_pretrained(replying_model_dir, dtype=torch.float32).eval()
   for row in range(device.tokens.shape[0]):
     for turn in (1, 2):
@@ -102,9 +110,8 @@ def test_single_turn_logits_equal_transformers_on_the_kept_text(replying_model, 
       np.testing.assert_allclose(device.sample_logp[row][positions][reply], expected, atol=2e-4)
 
 
-def test_learner_scores_with_the_sampling_windows(replying_model, sokoban, assets, greedy_config):
-  config = dataclasses.replace(greedy_config, context_turns=1)
-  device, _ = _rollouts(replying_model, sokoban, assets, config)
+def test_learner_scores_with_the_sampling_windows(single_turn, replying_model):
+  _, device, _ = single_turn
   score = jax.jit(lambda *x: token_logp_and_entropy(replying_model.config, replying_model.params, *x)[0])
   windowed = np.asarray(score(device.tokens, device.valid, device.segment_ids, device.visible_from))
   full = np.asarray(score(device.tokens, device.valid, None, None))
@@ -129,10 +136,9 @@ def test_window_rule_cases():
     RolloutConfig(context_turns=-1)
 
 
-def test_mi_scorer_reads_prompts_through_the_sampling_windows(replying_model, sokoban, assets, greedy_config):
+def test_mi_scorer_reads_prompts_through_the_sampling_windows(single_turn, replying_model):
   from ragen_jax.diagnostics import cross_scoring as xs
-  config = dataclasses.replace(greedy_config, context_turns=1)
-  device, _ = _rollouts(replying_model, sokoban, assets, config)
+  _, device, _ = single_turn
   episodes, turns = np.repeat(np.arange(4), 3), np.tile(np.arange(3), 4)
   assert (device.reasoning_len[episodes, turns] > 0).all()
   pairs = xs.CrossPairs(row_episode=jnp.asarray(episodes), row_turn=jnp.asarray(turns),
