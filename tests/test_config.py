@@ -74,3 +74,13 @@ def test_limited_context_needs_a_window_of_at_least_one_turn():
   config.rollout.max_context_window = 0
   with pytest.raises(config_lib.ConfigError, match="max_context_window"):
     build_experiment(config)
+
+
+@pytest.mark.parametrize("name", ["base", "demo", "compare", "tiny_test", "smollm2_eval", "smollm2_rl"])
+def test_config_files_split_their_batch_into_whole_mini_and_micro_batches(name):
+  from ragen_jax.rl.update import FilterConfig, UpdateConfig
+  from ragen_jax.train import algorithm_from_config
+  config = config_lib.load_config_file(os.path.join(ROOT, f"configs/{name}.py"))
+  UpdateConfig(algorithm=algorithm_from_config(config.algorithm), filter=FilterConfig(**config.filter.to_dict()),
+               num_groups=config.train.env_groups, group_size=config.train.group_size,
+               mini_batch_size=config.train.mini_batch_size, micro_batch_size=config.train.micro_batch_size)

@@ -27,7 +27,7 @@ from ragen_jax.models.tokenizer import train_tokenizer
 from ragen_jax.report.summary import write_report
 from ragen_jax.rollout import prompt
 from ragen_jax.rollout.device import slot_layout
-from ragen_jax.rollout.episodes import build_assets, reset_batch, train_seeds
+from ragen_jax.rollout.episodes import build_assets, reset_batch
 from ragen_jax.rollout.host import host_rollout
 from ragen_jax.sft import fit
 from ragen_jax.train import Trainer, build_experiment, rollout_config_from
@@ -35,7 +35,7 @@ from ragen_jax.train import Trainer, build_experiment, rollout_config_from
 DEMO_SEED_BASE = 50_000  # demonstration seeds, apart from training (10000+) and validation (123+)
 
 
-def _log(message: str):
+def log(message: str):
   print(f"[demo {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
@@ -67,10 +67,10 @@ def demonstrations(config, env_name, tokenizer):
   return examples, float(np.mean(traj.success))
 
 
-def run(config):
-  env_names = config.demo.envs.split(",")
+def warm_start(config, env_names):
+  """Tokenizer and SFT on solver demonstrations of `env_names`; returns (SFT model dir, tokenizer, demo success)."""
   os.makedirs(config.workdir, exist_ok=True)
-  _log(f"training a tokenizer on {', '.join(env_names)} text")
+  log(f"training a tokenizer on {', '.join(env_names)} text")
   tokenizer = build_tokenizer(config, env_names, os.path.join(config.workdir, "tokenizer"))
   model_config = scratch_config(tokenizer, hidden_size=config.demo.hidden_size, num_layers=config.demo.num_layers,
                                 num_heads=config.demo.num_heads, num_kv_heads=config.demo.num_kv_heads)
@@ -80,42 +80,55 @@ def run(config):
   for name in env_names:
     env_examples, demo_success[name] = demonstrations(config, name, tokenizer)
     examples += env_examples
-    _log(f"{len(env_examples)} {name} demonstrations (solver with mistakes solves {demo_success[name]:.0%})")
+    log(f"{len(env_examples)} {name} demonstrations (solver with mistakes solves {demo_success[name]:.0%})")
   seq_len = -(-max(len(ids) for ids, _ in examples) // 64) * 64
-  _log(f"SFT of a {n_params / 1e6:.2f}M-parameter model for {config.demo.sft_steps} steps "
-       f"(sequences up to {seq_len} tokens)")
+  log(f"SFT of a {n_params / 1e6:.2f}M-parameter model for {config.demo.sft_steps} steps "
+      f"(sequences up to {seq_len} tokens)")
   losses = []
-  params, sft_loss = fit(model_config, params, examples, seq_len=seq_len, steps=config.demo.sft_steps,
+  params, _ = fit(model_config, params, examples, seq_len=seq_len, steps=config.demo.sft_steps,
                          batch_size=config.demo.sft_batch_size, lr=config.demo.sft_lr, seed=config.seed,
                          on_step=lambda step, loss: losses.append(loss) if step % 25 == 24 else None,
                          progress=config.logging.progress_bar)
-  _log("SFT loss every 25 steps: " + ", ".join(f"{float(x):.3f}" for x in losses))
+  log("SFT loss every 25 steps: " + ", ".join(f"{float(x):.3f}" for x in losses))
   sft_dir = os.path.join(config.workdir, "sft_model")
   export_hf(params, model_config, sft_dir, tokenizer)
+  return sft_dir, tokenizer, demo_success
 
+
+def reinforce(config, env_name, sft_dir, workdir):
+  """RL on `env_name` from the SFT model; returns (trainer, validation before RL, final metrics with val/success)."""
+  rl_config = copy.deepcopy(config)
+  rl_config.env.name = env_name
+  rl_config.model.path = sft_dir
+  rl_config.workdir = workdir
+  trainer = Trainer(build_experiment(rl_config))
+  start = trainer.validate()
+  log(f"{env_name}: SFT policy validation success {start['val/success']:.3f}; RL for {config.train.iterations} "
+      f"iterations ({config.train.env_groups} groups x {config.train.group_size})")
+  final = trainer.run()
+  trainer.checkpointer.close()
+  if "val/success" not in final:  # stopped early between two validations
+    final |= trainer.validate()
+  log(f"{env_name}: validation success {start['val/success']:.3f} -> {final['val/success']:.3f} "
+      f"(best {trainer.best_val_success:.3f})")
+  return trainer, start, final
+
+
+def run(config):
+  env_names = config.demo.envs.split(",")
+  sft_dir, tokenizer, demo_success = warm_start(config, env_names)
   results = {}
   for name in env_names:
-    rl_config = copy.deepcopy(config)
-    rl_config.env.name = name
-    rl_config.model.path = sft_dir
-    rl_config.workdir = os.path.join(config.workdir, name)
-    trainer = Trainer(build_experiment(rl_config))
-    start = trainer.validate()
-    _log(f"{name}: SFT policy validation success {start['val/success']:.3f}; RL for {config.train.iterations} "
-         f"iterations ({config.train.env_groups} groups x {config.train.group_size})")
-    final = trainer.run()
-    trainer.checkpointer.close()
-    export_hf(trainer.state.policy, trainer.exp.model.config, os.path.join(rl_config.workdir, "final_model"),
+    trainer, start, final = reinforce(config, name, sft_dir, os.path.join(config.workdir, name))
+    export_hf(trainer.state.policy, trainer.exp.model.config, os.path.join(trainer.workdir, "final_model"),
               tokenizer)
-    results[name] = {"sft_val_success": start["val/success"], "final_val_success": final.get("val/success"),
+    results[name] = {"sft_val_success": start["val/success"], "final_val_success": final["val/success"],
                      "best_val_success": trainer.best_val_success, "demo_success": demo_success[name],
                      "final": final}
-    _log(f"{name}: validation success {start['val/success']:.3f} -> {final.get('val/success', float('nan')):.3f} "
-         f"(best {trainer.best_val_success:.3f})")
   with open(os.path.join(config.workdir, "results.json"), "w") as f:
     json.dump(results, f, indent=2)
   report = write_report(config.workdir, env_names, results)
-  _log(f"report: {report}")
+  log(f"report: {report}")
   for name, r in results.items():
     print(f"{name:>10s}: validation success after SFT {r['sft_val_success']:.3f} -> after RL "
           f"{r['final_val_success']:.3f} (gain {r['final_val_success'] - r['sft_val_success']:+.3f})")

@@ -5,6 +5,7 @@ import os
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 from PIL import Image
@@ -33,9 +34,10 @@ def test_solver_plans_solve_the_level_when_replayed(env_name):
     assert bool(state.success)
 
 
-def test_shortened_demo_writes_every_report_file(tmp_path):
-  config = load_config_file(os.path.join(ROOT, "configs/demo.py"))
-  config.workdir = str(tmp_path)
+def shortened(config_name: str, workdir) -> ml_collections.ConfigDict:
+  """`configs/<config_name>.py` shrunk to seconds: a 1-layer model, few demonstrations, 2 iterations of 2 x 4."""
+  config = load_config_file(os.path.join(ROOT, "configs", f"{config_name}.py"))
+  config.workdir = str(workdir)
   config.demo.envs = "frozenlake"
   config.demo.hidden_size, config.demo.num_layers = 32, 1
   config.demo.sft_episodes, config.demo.sft_steps, config.demo.sft_batch_size = 8, 4, 4
@@ -45,7 +47,11 @@ def test_shortened_demo_writes_every_report_file(tmp_path):
   config.train.val_every, config.train.val_episodes, config.train.checkpoint_every = 2, 4, 2
   config.diagnostics.num_samples = 4
   config.logging.progress_bar = False
-  results = run(config)
+  return config
+
+
+def test_shortened_demo_writes_every_report_file(tmp_path):
+  results = run(shortened("demo", tmp_path))
   assert set(results) == {"frozenlake"} and 0.0 <= results["frozenlake"]["final_val_success"] <= 1.0
   run_dir = tmp_path / "frozenlake"
   for path in ("sft_model/model.safetensors", "sft_model/tokenizer.json", "tokenizer/tokenizer.json",
