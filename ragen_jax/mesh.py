@@ -66,12 +66,6 @@ def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec())
 
 
-def shard_batch(mesh: Mesh, tree):
-  """Places every array leaf of `tree` batch-sharded on `mesh`."""
-  return jax.tree.map(lambda x: jax.device_put(np.asarray(x) if not isinstance(x, jax.Array) else x,
-                                               batch_sharding(mesh, np.ndim(x))), tree)
-
-
 def put_global(array, sharding: NamedSharding) -> jax.Array:
   """A global array from a host array every process holds in full; each process places only its own shards."""
   array = np.asarray(array)

@@ -86,9 +86,9 @@ def warm_start(config, env_names):
       f"(sequences up to {seq_len} tokens)")
   losses = []
   params, _ = fit(model_config, params, examples, seq_len=seq_len, steps=config.demo.sft_steps,
-                         batch_size=config.demo.sft_batch_size, lr=config.demo.sft_lr, seed=config.seed,
-                         on_step=lambda step, loss: losses.append(loss) if step % 25 == 24 else None,
-                         progress=config.logging.progress_bar)
+                  batch_size=config.demo.sft_batch_size, lr=config.demo.sft_lr, seed=config.seed,
+                  on_step=lambda step, loss: losses.append(loss) if step % 25 == 24 else None,
+                  progress=config.logging.progress_bar)
   log("SFT loss every 25 steps: " + ", ".join(f"{float(x):.3f}" for x in losses))
   sft_dir = os.path.join(config.workdir, "sft_model")
   export_hf(params, model_config, sft_dir, tokenizer)

@@ -54,14 +54,14 @@ class SamplingSession:
     tokens, valid = pad_batch(prompts)
     if tokens.shape[1] > max_len:
       raise CacheOverflowError(f"prompts need {tokens.shape[1]} cache slots, the cache has {max_len}")
-    windows = [None, None] if segments is None else [pad_batch(x)[0] for x in (segments, visible_from)]
+    context = () if segments is None else tuple(pad_batch(x)[0] for x in (segments, visible_from))
     with jax.set_mesh(model.mesh):
       sharding = input_sharding(model.mesh, tokens.shape)
-      put = lambda x: None if x is None else jax.device_put(x, sharding)  # noqa: E731
-      state = prefill(model.config, model.params, put(tokens), put(valid), max_len, *map(put, windows))
-    last = (lambda x: None) if segments is None else (lambda x: x[:, -1])
-    return cls(model=model, state=state, max_len=max_len, used=tokens.shape[1], reply_segment=last(windows[0]),
-               reply_visible_from=last(windows[1]))
+      put = lambda x: jax.device_put(x, sharding)  # noqa: E731
+      state = prefill(model.config, model.params, put(tokens), put(valid), max_len, *map(put, context))
+    reply_segment, reply_visible_from = (x[:, -1] for x in context) if context else (None, None)
+    return cls(model=model, state=state, max_len=max_len, used=tokens.shape[1], reply_segment=reply_segment,
+               reply_visible_from=reply_visible_from)
 
   @classmethod
   def for_replies(cls, model: Model, prompts: Sequence[Sequence[int]], max_new_tokens: int, segments=None,
