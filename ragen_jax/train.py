@@ -253,11 +253,14 @@ class Trainer:
                             exp.env_params, exp.assets, config, _batch_put(exp, np.asarray(seeds, np.int32)),
                             _batch_put(exp, group_ids), key)
 
-  def validate(self) -> dict[str, float]:
+  def validation_rollout(self) -> Trajectories:
+    """One episode per fixed validation seed, with the same sampling key every time."""
     cfg = self.exp.config.train
     seeds = np.arange(cfg.val_seed_start, cfg.val_seed_start + cfg.val_episodes)
-    traj = self.rollout(seeds, 1, self.exp.val_rollout, jax.random.PRNGKey(cfg.val_seed_start), split="validation")
-    return rollout_metrics(traj, "val")
+    return self.rollout(seeds, 1, self.exp.val_rollout, jax.random.PRNGKey(cfg.val_seed_start), split="validation")
+
+  def validate(self) -> dict[str, float]:
+    return rollout_metrics(self.validation_rollout(), "val")
 
   def train_iteration(self) -> dict[str, float]:
     exp, cfg = self.exp, self.exp.config.train

@@ -19,6 +19,7 @@ import numpy as np
 
 import envs
 from ragen_jax import config as config_lib
+from ragen_jax import mesh as mesh_lib
 from ragen_jax.demo.demonstrations import corpus, solver_policy
 from ragen_jax.models import init_params
 from ragen_jax.models.hf_io import export_hf
@@ -30,7 +31,7 @@ from ragen_jax.rollout.device import slot_layout
 from ragen_jax.rollout.episodes import build_assets, reset_batch
 from ragen_jax.rollout.host import host_rollout
 from ragen_jax.sft import fit
-from ragen_jax.train import Trainer, build_experiment, rollout_config_from
+from ragen_jax.train import Trainer, build_experiment, rollout_config_from, rollout_metrics
 
 DEMO_SEED_BASE = 50_000  # demonstration seeds, apart from training (10000+) and validation (123+)
 
@@ -95,22 +96,34 @@ def warm_start(config, env_names):
   return sft_dir, tokenizer, demo_success
 
 
+def paired_gain(success_before, success_after) -> tuple[float, float]:
+  """Mean per-seed change in success and its standard error (the same validation seeds before and after)."""
+  change = np.asarray(success_after, np.float64) - np.asarray(success_before, np.float64)
+  return float(change.mean()), float(change.std(ddof=1) / np.sqrt(change.size))
+
+
 def reinforce(config, env_name, sft_dir, workdir):
-  """RL on `env_name` from the SFT model; returns (trainer, validation before RL, final metrics with val/success)."""
+  """RL on `env_name` from the SFT model; returns (trainer, validation before RL, final metrics).
+
+  The final metrics hold the validation after RL and `val/gain`, `val/gain_se`: the paired change in
+  success over the fixed validation seeds and its standard error.
+  """
   rl_config = copy.deepcopy(config)
   rl_config.env.name = env_name
   rl_config.model.path = sft_dir
   rl_config.workdir = workdir
   trainer = Trainer(build_experiment(rl_config))
-  start = trainer.validate()
+  before = trainer.validation_rollout()
+  start = rollout_metrics(before, "val")
   log(f"{env_name}: SFT policy validation success {start['val/success']:.3f}; RL for {config.train.iterations} "
       f"iterations ({config.train.env_groups} groups x {config.train.group_size})")
   final = trainer.run()
   trainer.checkpointer.close()
-  if "val/success" not in final:  # stopped early between two validations
-    final |= trainer.validate()
-  log(f"{env_name}: validation success {start['val/success']:.3f} -> {final['val/success']:.3f} "
-      f"(best {trainer.best_val_success:.3f})")
+  after = trainer.validation_rollout()
+  gain, gain_se = paired_gain(mesh_lib.fetch(before.success), mesh_lib.fetch(after.success))
+  final |= rollout_metrics(after, "val") | {"val/gain": gain, "val/gain_se": gain_se}
+  log(f"{env_name}: validation success {start['val/success']:.3f} -> {final['val/success']:.3f}, "
+      f"gain {gain:+.3f} +- {gain_se:.3f} (best {trainer.best_val_success:.3f})")
   return trainer, start, final
 
 
@@ -123,6 +136,7 @@ def run(config):
     export_hf(trainer.state.policy, trainer.exp.model.config, os.path.join(trainer.workdir, "final_model"),
               tokenizer)
     results[name] = {"sft_val_success": start["val/success"], "final_val_success": final["val/success"],
+                     "gain": final["val/gain"], "gain_se": final["val/gain_se"],
                      "best_val_success": trainer.best_val_success, "demo_success": demo_success[name],
                      "final": final}
   with open(os.path.join(config.workdir, "results.json"), "w") as f:
@@ -131,7 +145,8 @@ def run(config):
   log(f"report: {report}")
   for name, r in results.items():
     print(f"{name:>10s}: validation success after SFT {r['sft_val_success']:.3f} -> after RL "
-          f"{r['final_val_success']:.3f} (gain {r['final_val_success'] - r['sft_val_success']:+.3f})")
+          f"{r['final_val_success']:.3f} (gain {r['gain']:+.3f} +- {r['gain_se']:.3f}, paired standard error "
+          f"over {config.train.val_episodes} validation seeds)")
   return results
 
 

@@ -40,7 +40,8 @@ def run(config) -> dict:
     params_m = sum(x.size for x in jax.tree.leaves(trainer.state.policy)) / 1e6
     runs.append({"env": env, "setting": setting, "seed": seed, "iterations": trainer.iteration,
                  "early_stop": bool(final.get("early_stop", 0.0)), "sft_val_success": start["val/success"],
-                 "final_val_success": final["val/success"], "best_val_success": trainer.best_val_success}
+                 "final_val_success": final["val/success"], "gain": final["val/gain"],
+                 "best_val_success": trainer.best_val_success}
                 | run_summary(read_metrics(trainer.workdir), start["val/success"]))
   summary, correlations = summarize(runs, env_names)
   results = {"envs": env_names, "settings": SETTINGS, "demo_success": demo_success,

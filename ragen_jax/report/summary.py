@@ -54,20 +54,21 @@ def plot_run(run_dir: str, title: str, baseline: dict[str, float] | None = None)
 def write_report(workdir: str, env_names, results: dict) -> str:
   """Plots every environment's run and writes `workdir/report.md`; returns its path."""
   lines = ["# ragen_jax demo report", "",
-           "| env | solver demos success | after SFT | after RL | best during RL | gain |",
+           "| env | solver demos success | after SFT | after RL | gain (± s.e.) | best during RL |",
            "|---|---|---|---|---|---|"]
+  plots = []
   for name in env_names:
     r = results[name]
-    plot = plot_run(os.path.join(workdir, name), f"{name}: SFT warm start + RL with SNR-Aware Filtering",
-                    {"val/success": r["sft_val_success"]})
+    plots.append((name, plot_run(os.path.join(workdir, name), f"{name}: SFT warm start + RL with SNR-Aware Filtering",
+                                 {"val/success": r["sft_val_success"]})))
     lines.append(f"| {name} | {r['demo_success']:.3f} | {r['sft_val_success']:.3f} | {r['final_val_success']:.3f} | "
-                 f"{r['best_val_success']:.3f} | {r['final_val_success'] - r['sft_val_success']:+.3f} |")
-    lines.append("")
-    lines.append(f"![{name}]({os.path.relpath(plot, workdir)})")
-    lines.append("")
-  lines += ["Validation: fixed seeds, one sample each at temperature 0.5.",
-            "Metrics per iteration are in `<env>/metrics.jsonl` and TensorBoard files in `<env>/tensorboard`."]
+                 f"{r['gain']:+.3f} ± {r['gain_se']:.3f} | {r['best_val_success']:.3f} |")
+  lines += ["", "Validation: the same fixed seeds before and after RL, one sample each at temperature 0.5; the gain's "
+            "standard error is over the per-seed changes in success.",
+            "Metrics per iteration are in `<env>/metrics.jsonl` and TensorBoard files in `<env>/tensorboard`.", ""]
+  for name, plot in plots:
+    lines += [f"![{name}]({os.path.relpath(plot, workdir)})", ""]
   path = os.path.join(workdir, "report.md")
   with open(path, "w") as f:
-    f.write("\n".join(lines) + "\n")
+    f.write("\n".join(lines))
   return path

@@ -12,7 +12,7 @@ from PIL import Image
 
 import envs
 from ragen_jax.config import load_config_file
-from ragen_jax.demo.__main__ import run
+from ragen_jax.demo.__main__ import paired_gain, run
 from ragen_jax.demo.demonstrations import plan_and_reason
 from ragen_jax.rollout.episodes import reset_batch, unbatch
 
@@ -62,4 +62,14 @@ def test_shortened_demo_writes_every_report_file(tmp_path):
   assert "| frozenlake |" in report and "frozenlake/report.png" in report
   image = np.asarray(Image.open(run_dir / "report.png").convert("L"), np.float32)
   assert image.shape[0] > 300 and image.std() > 10  # a real picture, not a blank canvas
-  assert json.loads((tmp_path / "results.json").read_text())["frozenlake"]["sft_val_success"] >= 0.0
+  saved = json.loads((tmp_path / "results.json").read_text())["frozenlake"]
+  # same seeds before and after: the mean of the per-seed changes is the change of the means
+  assert saved["gain"] == pytest.approx(saved["final_val_success"] - saved["sft_val_success"], abs=1e-9)
+  assert saved["gain_se"] >= 0.0 and "± " in report
+
+
+def test_paired_gain_by_hand():
+  before, after = [1, 0, 0, 1, 0], [1, 1, 0, 0, 1]  # changes 0, +1, 0, -1, +1
+  gain, se = paired_gain(before, after)
+  assert gain == pytest.approx(0.2)
+  assert se == pytest.approx(np.sqrt(((0.2 ** 2) * 2 + 0.8 ** 2 * 2 + 1.2 ** 2) / 4 / 5))
