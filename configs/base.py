@@ -101,6 +101,7 @@ def get_config():
   c.diagnostics.alarm_window = 4
   c.diagnostics.alarm_drop = 0.5
   c.diagnostics.alarm_entropy_tolerance = 0.1
+  c.diagnostics.alarm_min_drop = 0.1  # absolute fall of the MI z-score the alarm also needs
 
   c.early_stop = ml_collections.ConfigDict()
   c.early_stop.empty_filter_enabled = True

@@ -1,8 +1,9 @@
 """`make demo`: a tiny model learns Sokoban and FrozenLake on 2 CPU cores in minutes.
 
 A tokenizer is trained on environment text, a ~1M-parameter model is warm-started
-by SFT on solver demonstrations (some deliberately imperfect), then trained with
-RL + SNR-Aware Filtering with the collapse diagnostics on.
+by SFT on solver demonstrations whose reasoning names the positions, where the box or
+goal lies and the next push, with deliberate imperfections (hesitant one-move turns and
+wrong moves), then trained with RL + SNR-Aware Filtering with the collapse diagnostics on.
 """
 
 import ml_collections
@@ -22,25 +23,26 @@ def get_config():
   c.demo.num_layers = 4
   c.demo.num_heads = 4
   c.demo.num_kv_heads = 2
-  c.demo.sft_episodes = 128       # per environment
-  c.demo.sft_steps = 150
+  c.demo.sft_episodes = 512       # per environment
+  c.demo.sft_steps = 300
   c.demo.sft_batch_size = 8
   c.demo.sft_lr = 3e-3
   c.demo.mistake_rate = 0.3       # share of demonstration turns with one wrong move
+  c.demo.single_move_rate = 0.6   # share of demonstration turns with only the plan's first move
 
   c.rollout.max_turns = 3
   c.rollout.max_new_tokens = 32
   c.rollout.max_actions_per_traj = 8
 
   c.algorithm.preset = "grpo"
-  c.train.iterations = 24
+  c.train.iterations = 28
   c.train.env_groups = 8
   c.train.group_size = 8
-  c.train.mini_batch_size = 32
+  c.train.mini_batch_size = 16
   c.train.micro_batch_size = 16
-  c.train.actor_lr = 1e-4
-  c.train.val_every = 6
-  c.train.val_episodes = 128
-  c.train.checkpoint_every = 8
+  c.train.actor_lr = 3e-4
+  c.train.val_every = 7
+  c.train.val_episodes = 256
+  c.train.checkpoint_every = 7
   c.diagnostics.num_samples = 32
   return c

@@ -14,6 +14,7 @@ import os
 
 import jax
 import numpy as np
+from absl import logging
 
 from ragen_jax import config as config_lib
 from ragen_jax import mesh as mesh_lib
@@ -57,6 +58,7 @@ def markdown_table(results: dict[str, dict[str, float]]) -> str:
 
 
 def main(config):
+  logging.set_verbosity(logging.WARNING)  # the table, not the checkpoint library's INFO lines
   results = {name: evaluate_env(config, name) for name in config.evaluate.envs.split(",")}
   if jax.process_index():  # process 0 writes the results
     return

@@ -139,7 +139,8 @@ def build_experiment(config) -> Experiment:
       value_clip=config.algorithm.value_clip)
   stop_cfg = early_stop.EarlyStopConfig(**config.early_stop.to_dict())
   alarm = AlarmConfig(window=config.diagnostics.alarm_window, drop=config.diagnostics.alarm_drop,
-                      entropy_tolerance=config.diagnostics.alarm_entropy_tolerance)
+                      entropy_tolerance=config.diagnostics.alarm_entropy_tolerance,
+                      min_drop=config.diagnostics.alarm_min_drop)
   collapse = collapse_config_from(config.diagnostics, config.rollout.max_new_tokens)
 
   mesh = mesh_lib.mesh_from_config(config.mesh)

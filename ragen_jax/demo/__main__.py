@@ -44,12 +44,9 @@ def build_tokenizer(config, env_names, out_dir):
   texts = []
   for name in env_names:
     env, params = envs.make(name)
-    texts += corpus(env, params, reset_batch(env, params, jnp.arange(200)), 200)
+    texts += corpus(name, env, params, reset_batch(env, params, jnp.arange(200)), 200)
     texts += [prompt.system_text(env.instruction_text(params, config.rollout.max_actions_per_traj)),
               prompt.user_text(0, "", 8, config.rollout.max_new_tokens), "Reward:\n-0.1\n"] * 20
-    texts += [f"player ({r}, {c}), box ({c}, {r}), target ({r}, {r}), goal ({c}, {c}), holes near none. So: "
-              f"{a} || {b}.</think><answer>{a} || {b}</answer>" for r in range(6) for c in range(6)
-              for a, b in [("Up", "Left"), ("Down", "Right"), ("Left", "Down"), ("Right", "Up")]]
   return train_tokenizer(texts, config.demo.vocab_size, out_dir, split_words=False)
 
 
@@ -59,7 +56,8 @@ def demonstrations(config, env_name, tokenizer):
   rollout = rollout_config_from(config)
   assets = build_assets(tokenizer, env, params, rollout)
   policy = solver_policy(env_name, env.action_names(params), tokenizer, rollout.max_new_tokens,
-                         rollout.max_actions_per_turn, config.demo.mistake_rate, seed=config.seed)
+                         rollout.max_actions_per_turn, config.demo.mistake_rate, config.demo.single_move_rate,
+                         seed=config.seed)
   count = config.demo.sft_episodes
   traj = host_rollout(policy, env, params, assets, rollout, np.arange(DEMO_SEED_BASE, DEMO_SEED_BASE + count),
                       np.arange(count), jax.random.PRNGKey(config.seed), seq_len=slot_layout(assets, rollout)[2])

@@ -20,14 +20,42 @@ def _cells(mask) -> str:
   return ", ".join(f"({r}, {c})" for r, c in zip(*np.nonzero(np.asarray(mask)))) or "none"
 
 
-def plan_and_reason(env_name: str, state) -> tuple[list[int], str]:
-  """(BFS plan, reasoning text naming the relevant positions) for one env state."""
+def direction_text(dr: int, dc: int) -> str:
+  """'2 down 1 left' for a (row, column) displacement; 'here' for none."""
+  parts = ([f"{abs(dr)} {'down' if dr > 0 else 'up'}"] if dr else []) + (
+      [f"{abs(dc)} {'right' if dc > 0 else 'left'}"] if dc else [])
+  return " ".join(parts) or "here"
+
+
+def _sokoban_why(boxes, targets, player, plan, action_names) -> str:
+  """Where each box must go (to its nearest free target) and the plan's next push."""
+  free = list(zip(*np.nonzero(targets & ~boxes)))
+  goes = [direction_text(*min(((tr - br, tc - bc) for tr, tc in free), key=lambda d: abs(d[0]) + abs(d[1])))
+          for br, bc in zip(*np.nonzero(boxes & ~targets))] if free else []
+  boxes, (row, col) = boxes.copy(), player
+  push = "none"
+  for action in plan:
+    dr, dc = solvers.SOKOBAN_MOVES[action]
+    row, col = row + dr, col + dc
+    if boxes[row, col]:
+      push = action_names[action]
+      break
+  return f"box goes {', '.join(goes) or 'here'}; next push {push}"
+
+
+def plan_and_reason(env_name: str, state, action_names) -> tuple[list[int], str]:
+  """(BFS plan, reasoning text) for one env state: the relevant positions and why the moves.
+
+  Sokoban: where the box must go and the plan's next push; FrozenLake: where the goal lies and the
+  holes next to the player.
+  """
   row, col = (int(v) for v in np.asarray(state.player_pos))
   if env_name == "sokoban":
     fixed, room = np.asarray(state.room_fixed), np.asarray(state.room_state)
     plan = solvers.solve_sokoban(fixed, room, (row, col)) or []
     boxes, targets = (room == 4) | (room == 3), (fixed == 2)
-    return plan, f"player ({row}, {col}), box {_cells(boxes)}, target {_cells(targets)}."
+    why = _sokoban_why(boxes, targets, (row, col), plan, action_names)
+    return plan, f"player ({row}, {col}), box {_cells(boxes)}, target {_cells(targets)}: {why}."
   if env_name == "frozenlake":
     desc = np.asarray(state.desc)
     plan = solvers.solve_frozenlake(desc, (row, col)) or []
@@ -35,7 +63,9 @@ def plan_and_reason(env_name: str, state) -> tuple[list[int], str]:
     for dr, dc in solvers.FROZENLAKE_MOVES:
       if 0 <= row + dr < desc.shape[0] and 0 <= col + dc < desc.shape[1]:
         near[row + dr, col + dc] = True
-    return plan, f"player ({row}, {col}), goal {_cells(desc == 3)}, holes near {_cells(near & (desc == 2))}."
+    (goal_row, goal_col), = zip(*np.nonzero(desc == 3))
+    return plan, (f"player ({row}, {col}), goal ({goal_row}, {goal_col}) is {direction_text(goal_row - row, goal_col - col)}, "
+                  f"holes near {_cells(near & (desc == 2))}.")
   raise ValueError(f"no demonstrations for environment {env_name!r}")
 
 
@@ -50,8 +80,12 @@ class ScriptedReplies:
 
 
 def solver_policy(env_name: str, action_names, tokenizer, max_new_tokens: int, actions_per_turn: int,
-                  mistake_rate: float, seed: int = 0):
-  """A host-rollout policy that replies with the solver's next moves (sometimes one wrong move)."""
+                  mistake_rate: float, single_move_rate: float = 0.0, seed: int = 0):
+  """A host-rollout policy that replies with the solver's next moves.
+
+  Imperfections: a `single_move_rate` share of turns makes only the plan's first move (a hesitant
+  player runs out of turns on longer levels), and a `mistake_rate` share swaps one move for a wrong one.
+  """
   rng = np.random.default_rng(seed)
 
   def policy(records, active, env_state, key):
@@ -60,8 +94,9 @@ def solver_policy(env_name: str, action_names, tokenizer, max_new_tokens: int, a
     tokens = np.zeros((batch, max_new_tokens), np.int32)
     lengths = np.zeros(batch, np.int32)
     for i in np.flatnonzero(active):
-      plan, reasoning = plan_and_reason(env_name, unbatch(env_state, i))
-      moves = list(plan[:actions_per_turn]) or [int(rng.integers(len(action_names)))]
+      plan, reasoning = plan_and_reason(env_name, unbatch(env_state, i), action_names)
+      moves = list(plan[:1 if rng.random() < single_move_rate else actions_per_turn]) or [
+          int(rng.integers(len(action_names)))]
       if rng.random() < mistake_rate:
         slot = int(rng.integers(len(moves)))
         moves[slot] = int(rng.choice([a for a in range(len(action_names)) if a != moves[slot]]))
@@ -76,6 +111,13 @@ def solver_policy(env_name: str, action_names, tokenizer, max_new_tokens: int, a
   return policy
 
 
-def corpus(env, env_params, states, count: int) -> list[str]:
-  """Text for training the demo tokenizer: observations, instructions, prompts, replies."""
-  return [env.render_text(unbatch(states, i), env_params) for i in range(count)]
+def corpus(env_name: str, env, env_params, states, count: int) -> list[str]:
+  """Text for training the demo tokenizer: observations and solver replies (all move pairs) of `count` states."""
+  names = env.action_names(env_params)
+  texts = []
+  for i in range(count):
+    state = unbatch(states, i)
+    _, reasoning = plan_and_reason(env_name, state, names)
+    texts.append(env.render_text(state, env_params))
+    texts += [f"{reasoning} So: {a} || {b}.</think><answer>{a} || {b}</answer>" for a in names for b in names]
+  return texts

@@ -4,7 +4,9 @@ Template collapse shows as input dependence (MI z-score) falling while the
 policy entropy holds steady. The alarm looks at the last `window` logged
 points of (mi_zscore, entropy) and fires when
   - the MI z-score fell by at least `drop` relative to the window's first
-    value: (z_first − z_last) / z_first ≥ drop, with z_first > 0, and
+    value: (z_first − z_last) / z_first ≥ drop, with z_first > 0, and by at
+    least `min_drop` in absolute terms (small z-scores swing by a few
+    hundredths between iterations; relative drops of those are noise), and
   - every entropy in the window stayed within `entropy_tolerance` (relative)
     of the window's first entropy.
 A non-positive starting z-score or any non-finite value never fires.
@@ -21,12 +23,14 @@ class AlarmConfig:
   window: int = 4  # logged points compared (first vs last), ≥ 2
   drop: float = 0.5  # relative fall of the MI z-score
   entropy_tolerance: float = 0.1  # relative band the entropy must stay in
+  min_drop: float = 0.1  # absolute fall of the MI z-score
 
   def __post_init__(self):
     if self.window < 2:
       raise ValueError(f"alarm window must cover at least 2 points, got {self.window}")
-    if self.drop <= 0 or self.entropy_tolerance < 0:
-      raise ValueError(f"need drop > 0 and entropy_tolerance >= 0, got {self.drop}, {self.entropy_tolerance}")
+    if self.drop <= 0 or self.entropy_tolerance < 0 or self.min_drop < 0:
+      raise ValueError(f"need drop > 0, entropy_tolerance >= 0 and min_drop >= 0, got {self.drop}, "
+                       f"{self.entropy_tolerance}, {self.min_drop}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +64,7 @@ def update_alarm(state: AlarmState, cfg: AlarmConfig, mi_zscore: float,
     return new_state, AlarmResult(False, "")
   relative_drop = (z_first - z_last) / z_first
   entropy_shift = max(abs(h - h_first) for _, h in history) / max(abs(h_first), 1e-12)
-  if relative_drop >= cfg.drop and entropy_shift <= cfg.entropy_tolerance:
+  if relative_drop >= cfg.drop and z_first - z_last >= cfg.min_drop and entropy_shift <= cfg.entropy_tolerance:
     return new_state, AlarmResult(True, (
         f"template collapse suspected: MI z-score fell {relative_drop:.0%} ({z_first:.4g} -> {z_last:.4g}) "
         f"over the last {cfg.window} points while entropy moved at most {entropy_shift:.1%} "

@@ -13,7 +13,7 @@ from PIL import Image
 import envs
 from ragen_jax.config import load_config_file
 from ragen_jax.demo.__main__ import paired_gain, run
-from ragen_jax.demo.demonstrations import plan_and_reason
+from ragen_jax.demo.demonstrations import direction_text, plan_and_reason, solver_policy
 from ragen_jax.rollout.episodes import reset_batch, unbatch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -25,13 +25,43 @@ def test_solver_plans_solve_the_level_when_replayed(env_name):
   states = reset_batch(env, params, jnp.arange(40))
   for i in range(40):
     state = unbatch(states, i)
-    plan, reasoning = plan_and_reason(env_name, state)
+    plan, reasoning = plan_and_reason(env_name, state, env.action_names(params))
     row, col = (int(v) for v in np.asarray(state.player_pos))
     assert reasoning.startswith(f"player ({row}, {col})")  # the reasoning names this episode's input
     assert plan, "every generated level is solvable"
+    first_push = None
     for action in plan:
+      before = np.asarray(state.room_state) if env_name == "sokoban" else None
       _, state, _, _, _ = env.step(jax.random.key(0), state, action, params)
+      moved_box = before is not None and not np.array_equal((before == 4) | (before == 3),
+                                                            (np.asarray(state.room_state) == 4) |
+                                                            (np.asarray(state.room_state) == 3))
+      if moved_box and first_push is None:
+        first_push = env.action_names(params)[action]
     assert bool(state.success)
+    if env_name == "sokoban":  # the stated next push is the first move that moves a box in the env
+      assert reasoning.endswith(f"; next push {first_push}."), reasoning
+
+
+def testdirection_texts_read_as_directions():
+  assert direction_text(2, -1) == "2 down 1 left" and direction_text(-1, 0) == "1 up" and direction_text(0, 3) == "3 right"
+  assert direction_text(0, 0) == "here"
+
+
+@pytest.mark.parametrize("mistake_rate,single_move_rate", [(0.0, 0.0), (0.0, 1.0), (1.0, 0.0)])
+def test_solver_replies_follow_the_plan_with_the_asked_imperfections(tokenizer, mistake_rate, single_move_rate):
+  env, params = envs.make("sokoban")
+  names = env.action_names(params)
+  states = reset_batch(env, params, jnp.arange(12))
+  policy = solver_policy("sokoban", names, tokenizer, 64, 2, mistake_rate, single_move_rate, seed=0)
+  replies = policy(None, np.ones(12, bool), states, None)
+  for i in range(12):
+    plan, _ = plan_and_reason("sokoban", unbatch(states, i), names)
+    text = tokenizer.decode(replies.tokens_BN[i, :replies.lengths_B[i]], skip_special_tokens=True)
+    moves = [names.index(m.strip()) for m in text.split("<answer>")[1].split("</answer>")[0].split("||")]
+    expected = plan[:1] if single_move_rate else plan[:2]
+    assert len(moves) == len(expected)
+    assert sum(a != b for a, b in zip(moves, expected)) == (1 if mistake_rate else 0), text
 
 
 def shortened(config_name: str, workdir) -> ml_collections.ConfigDict:

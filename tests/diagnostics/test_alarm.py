@@ -35,6 +35,14 @@ def test_silent_when_drop_is_too_small_or_start_not_positive():
   assert not any(r.fired for r in results)
 
 
+def test_silent_on_relative_drops_of_tiny_zscores():
+  points = [(0.095, 0.80), (0.04, 0.81), (0.02, 0.80), (-0.003, 0.80)]  # fell 103%, but only by 0.098
+  _, results = run(points)
+  assert not any(r.fired for r in results)
+  _, results = run(points, AlarmConfig(min_drop=0.05))
+  assert results[-1].fired
+
+
 def test_window_slides_over_the_latest_points():
   cfg = AlarmConfig(window=3, drop=0.5, entropy_tolerance=0.05)
   state, results = run([(4.0, 2.0), (4.0, 2.5), (3.0, 2.0), (2.0, 2.0), (1.4, 2.02)], cfg)
@@ -52,7 +60,8 @@ def test_state_round_trips_through_dict():
   assert a == b and a.fired
 
 
-@pytest.mark.parametrize("kwargs", [dict(window=1), dict(drop=0.0), dict(entropy_tolerance=-0.1)])
+@pytest.mark.parametrize("kwargs", [dict(window=1), dict(drop=0.0), dict(entropy_tolerance=-0.1),
+                                    dict(min_drop=-0.1)])
 def test_bad_config_raises(kwargs):
   with pytest.raises(ValueError):
     AlarmConfig(**kwargs)

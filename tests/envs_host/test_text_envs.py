@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import envs.host
-from envs.host import datasets
 from envs.host.countdown import countdown_reward, render
 
 SMALL = dict(train_size=48, validation_size=16)
