@@ -41,7 +41,7 @@ def run(config) -> dict:
     runs.append({"env": env, "setting": setting, "seed": seed, "iterations": trainer.iteration,
                  "early_stop": bool(final.get("early_stop", 0.0)), "sft_val_success": start["val/success"],
                  "final_val_success": final["val/success"], "gain": final["val/gain"],
-                 "best_val_success": trainer.best_val_success}
+                 "gain_se": final["val/gain_se"], "best_val_success": trainer.best_val_success}
                 | run_summary(read_metrics(trainer.workdir), start["val/success"]))
   summary, correlations = summarize(runs, env_names)
   results = {"envs": env_names, "settings": SETTINGS, "demo_success": demo_success,

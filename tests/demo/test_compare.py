@@ -51,6 +51,7 @@ def test_shortened_compare_writes_every_output(tmp_path):
   for r in saved["runs"]:
     assert 0.0 <= r["final_val_success"] <= 1.0 and r["curves"]["val/success"][0] == [0, r["sft_val_success"]]
     assert r["mi_zscore"] is not None and r["policy_entropy"] > 0.0
+    assert r["gain"] == pytest.approx(r["final_val_success"] - r["sft_val_success"], abs=1e-9) and r["gain_se"] >= 0.0
   no_filter = [r for r in saved["runs"] if r["setting"] == "no_filter"]
   assert all(r["kept_ratio"] == 1.0 for r in no_filter)
   finals = [r["final_val_success"] for r in saved["runs"]]
