@@ -9,6 +9,7 @@ a share of turns deliberately takes one wrong move (RL then has room to improve)
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import numpy as np
 
@@ -32,8 +33,7 @@ def _sokoban_why(boxes, targets, player, plan, action_names) -> str:
   free = list(zip(*np.nonzero(targets & ~boxes)))
   goes = [direction_text(*min(((tr - br, tc - bc) for tr, tc in free), key=lambda d: abs(d[0]) + abs(d[1])))
           for br, bc in zip(*np.nonzero(boxes & ~targets))] if free else []
-  boxes, (row, col) = boxes.copy(), player
-  push = "none"
+  (row, col), push = player, "none"
   for action in plan:
     dr, dc = solvers.SOKOBAN_MOVES[action]
     row, col = row + dr, col + dc
@@ -69,6 +69,12 @@ def plan_and_reason(env_name: str, state, action_names) -> tuple[list[int], str]
   raise ValueError(f"no demonstrations for environment {env_name!r}")
 
 
+def reply_text(reasoning: str, move_names) -> str:
+  """A reply in the reference format: reasoning, the chosen moves, then the answer."""
+  answer = " || ".join(move_names)
+  return f"{reasoning} So: {answer}.</think><answer>{answer}</answer>"
+
+
 @dataclasses.dataclass
 class ScriptedReplies:
   """The fields of `sampling.Generation` that the host rollout reads."""
@@ -100,9 +106,7 @@ def solver_policy(env_name: str, action_names, tokenizer, max_new_tokens: int, a
       if rng.random() < mistake_rate:
         slot = int(rng.integers(len(moves)))
         moves[slot] = int(rng.choice([a for a in range(len(action_names)) if a != moves[slot]]))
-      answer = " || ".join(action_names[a] for a in moves)
-      ids = tokenizer.encode(f"{reasoning} So: {answer}.</think><answer>{answer}</answer>") + [
-          tokenizer.eos_token_id]
+      ids = tokenizer.encode(reply_text(reasoning, [action_names[a] for a in moves])) + [tokenizer.eos_token_id]
       if len(ids) > max_new_tokens:
         raise ValueError(f"a demonstration reply has {len(ids)} tokens; raise rollout.max_new_tokens")
       tokens[i, :len(ids)], lengths[i] = ids, len(ids)
@@ -119,5 +123,5 @@ def corpus(env_name: str, env, env_params, states, count: int) -> list[str]:
     state = unbatch(states, i)
     _, reasoning = plan_and_reason(env_name, state, names)
     texts.append(env.render_text(state, env_params))
-    texts += [f"{reasoning} So: {a} || {b}.</think><answer>{a} || {b}</answer>" for a in names for b in names]
+    texts += [reply_text(reasoning, pair) for pair in itertools.product(names, repeat=2)]
   return texts

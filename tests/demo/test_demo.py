@@ -43,7 +43,7 @@ def test_solver_plans_solve_the_level_when_replayed(env_name):
       assert reasoning.endswith(f"; next push {first_push}."), reasoning
 
 
-def testdirection_texts_read_as_directions():
+def test_direction_text_reads_as_directions():
   assert direction_text(2, -1) == "2 down 1 left" and direction_text(-1, 0) == "1 up" and direction_text(0, 3) == "3 right"
   assert direction_text(0, 0) == "here"
 
