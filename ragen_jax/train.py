@@ -238,6 +238,7 @@ class Trainer:
     self.stop_state = early_stop.EarlyStopState()
     self.alarm_state = AlarmState()
     self.best_val_success = -1.0
+    self.last_validation: Trajectories | None = None
 
   # ---- phases -------------------------------------------------------------
   def rollout(self, seeds, group_size: int, config: RolloutConfig, key, params=None,
@@ -261,7 +262,9 @@ class Trainer:
     return self.rollout(seeds, 1, self.exp.val_rollout, jax.random.PRNGKey(cfg.val_seed_start), split="validation")
 
   def validate(self) -> dict[str, float]:
-    return rollout_metrics(self.validation_rollout(), "val")
+    """Validation metrics; the trajectories are kept in `last_validation`."""
+    self.last_validation = self.validation_rollout()
+    return rollout_metrics(self.last_validation, "val")
 
   def train_iteration(self) -> dict[str, float]:
     exp, cfg = self.exp, self.exp.config.train

@@ -60,10 +60,14 @@ def test_resume_reproduces_the_uninterrupted_run(replying_model_dir, tmp_path):
 
 
 def test_broken_latest_checkpoint_falls_back_to_the_previous(replying_model_dir, tmp_path):
-  config = _config(replying_model_dir, tmp_path, **{"train.val_every": 0})
+  config = _config(replying_model_dir, tmp_path)
   trainer = Trainer(build_experiment(config))
-  trainer.run(2)
+  assert trainer.last_validation is None
+  final = trainer.run(2)
   trainer.checkpointer.close()
+  assert final["val/success"] == pytest.approx(np.mean(np.asarray(trainer.last_validation.success, np.float64)))
+  np.testing.assert_array_equal(np.asarray(trainer.validation_rollout().tokens),  # fixed seeds and key
+                                np.asarray(trainer.last_validation.tokens))
   for root, _, files in os.walk(tmp_path / "checkpoints" / "2"):
     for name in files:
       with open(os.path.join(root, name), "wb") as f:

@@ -117,7 +117,8 @@ def reinforce(config, env_name, sft_dir, workdir):
       f"iterations ({config.train.env_groups} groups x {config.train.group_size})")
   final = trainer.run()
   trainer.checkpointer.close()
-  after = trainer.validation_rollout()
+  # The last iteration validated unless RL stopped early.
+  after = trainer.last_validation if "val/success" in final else trainer.validation_rollout()
   gain, gain_se = paired_gain(mesh_lib.fetch(before.success), mesh_lib.fetch(after.success))
   final |= rollout_metrics(after, "val") | {"val/gain": gain, "val/gain_se": gain_se}
   log(f"{env_name}: validation success {start['val/success']:.3f} -> {final['val/success']:.3f}, "
