@@ -24,9 +24,11 @@ def get_config():
   c.demo.num_heads = 4
   c.demo.num_kv_heads = 2
   c.demo.sft_episodes = 512       # per environment
-  c.demo.sft_steps = 300
+  c.demo.sft_steps = 400
   c.demo.sft_batch_size = 8
   c.demo.sft_lr = 3e-3
+  c.demo.sft_warmup_steps = 30    # then constant: copying the chosen move into the answer is learned
+  c.demo.sft_decay_steps = 100    # around step 150-300, later under a decaying rate; decay at the end
   c.demo.mistake_rate = 0.3       # share of demonstration turns with one wrong move
   c.demo.single_move_rate = 0.6   # share of demonstration turns with only the plan's first move
 

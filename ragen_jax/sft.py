@@ -44,12 +44,25 @@ def pack_examples(examples, seq_len: int):
   return tokens, valid, mask
 
 
+def lr_schedule(lr: float, steps: int, warmup_steps: int = 0, decay_steps: int | None = None) -> optax.Schedule:
+  """Linear warm-up over `warmup_steps`, constant `lr`, then cosine decay to lr / 10 over the last
+  `decay_steps` (None: every step after the warm-up decays)."""
+  decay_steps = steps - warmup_steps if decay_steps is None else decay_steps
+  if not 0 <= warmup_steps <= steps - decay_steps or decay_steps < 0:
+    raise ValueError(f"warmup_steps={warmup_steps} and decay_steps={decay_steps} do not fit in {steps} steps")
+  constant_until = steps - decay_steps
+  return optax.join_schedules([optax.linear_schedule(0.0, lr, warmup_steps), optax.constant_schedule(lr),
+                               optax.cosine_decay_schedule(lr, max(decay_steps, 1), 0.1)],
+                              [warmup_steps, constant_until])
+
+
 def fit(config: ModelConfig, params, examples, *, seq_len: int, steps: int, batch_size: int, lr: float,
-        seed: int = 0, on_step=None, progress: bool = False):
-  """Trains `params` on the examples for `steps` AdamW steps; returns (params, last loss)."""
+        warmup_steps: int = 0, decay_steps: int | None = None, seed: int = 0, on_step=None, progress: bool = False):
+  """Trains `params` on the examples for `steps` AdamW steps (learning rate: `lr_schedule`);
+  returns (params, last loss)."""
   from tqdm.auto import tqdm
   tokens, valid, mask = pack_examples(examples, seq_len)
-  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(optax.cosine_decay_schedule(lr, steps, 0.1)))
+  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(lr_schedule(lr, steps, warmup_steps, decay_steps)))
   opt_state = tx.init(params)
   step_fn = make_sft_step(config, tx)
   rng = np.random.default_rng(seed)

@@ -30,7 +30,7 @@ from ragen_jax.rollout import prompt
 from ragen_jax.rollout.device import slot_layout
 from ragen_jax.rollout.episodes import build_assets, reset_batch
 from ragen_jax.rollout.host import host_rollout
-from ragen_jax.sft import fit
+from ragen_jax.sft import fit, lr_schedule
 from ragen_jax.train import Trainer, build_experiment, rollout_config_from, rollout_metrics
 
 DEMO_SEED_BASE = 50_000  # demonstration seeds, apart from training (10000+) and validation (123+)
@@ -41,13 +41,15 @@ def log(message: str):
 
 
 def build_tokenizer(config, env_names, out_dir):
-  texts = []
+  texts, actions = [], set()
   for name in env_names:
     env, params = envs.make(name)
+    actions.update(env.action_names(params))
     texts += corpus(name, env, params, reset_batch(env, params, jnp.arange(200)), 200)
     texts += [prompt.system_text(env.instruction_text(params, config.rollout.max_actions_per_traj)),
               prompt.user_text(0, "", 8, config.rollout.max_new_tokens), "Reward:\n-0.1\n"] * 20
-  return train_tokenizer(texts, config.demo.vocab_size, out_dir, split_words=False)
+  # action names stay tokens of their own, so the answer repeats the reasoning's chosen moves token for token
+  return train_tokenizer(texts, config.demo.vocab_size, out_dir, split_words=False, isolated_words=sorted(actions))
 
 
 def demonstrations(config, env_name, tokenizer):
@@ -68,6 +70,8 @@ def demonstrations(config, env_name, tokenizer):
 
 def warm_start(config, env_names):
   """Tokenizer and SFT on solver demonstrations of `env_names`; returns (SFT model dir, tokenizer, demo success)."""
+  lr_schedule(config.demo.sft_lr, config.demo.sft_steps, config.demo.sft_warmup_steps,
+              config.demo.sft_decay_steps)  # bad SFT settings fail before any work
   os.makedirs(config.workdir, exist_ok=True)
   log(f"training a tokenizer on {', '.join(env_names)} text")
   tokenizer = build_tokenizer(config, env_names, os.path.join(config.workdir, "tokenizer"))
@@ -85,7 +89,8 @@ def warm_start(config, env_names):
       f"(sequences up to {seq_len} tokens)")
   losses = []
   params, _ = fit(model_config, params, examples, seq_len=seq_len, steps=config.demo.sft_steps,
-                  batch_size=config.demo.sft_batch_size, lr=config.demo.sft_lr, seed=config.seed,
+                  batch_size=config.demo.sft_batch_size, lr=config.demo.sft_lr,
+                  warmup_steps=config.demo.sft_warmup_steps, decay_steps=config.demo.sft_decay_steps, seed=config.seed,
                   on_step=lambda step, loss: losses.append(loss) if step % 25 == 24 else None,
                   progress=config.logging.progress_bar)
   log("SFT loss every 25 steps: " + ", ".join(f"{float(x):.3f}" for x in losses))

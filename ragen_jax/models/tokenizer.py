@@ -8,10 +8,11 @@ learn them on CPU. Chat turns use ChatML, like SmolLM2 and Qwen2.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable
 
 import transformers
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 EOS = "<|im_end|>"
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", EOS)
@@ -25,14 +26,20 @@ CHATML_TEMPLATE = (
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int = 512, out_dir: str | os.PathLike | None = None,
-                    split_words: bool = True) -> transformers.PreTrainedTokenizerFast:
+                    split_words: bool = True,
+                    isolated_words: Iterable[str] = ()) -> transformers.PreTrainedTokenizerFast:
   """Trains a byte-level BPE on `texts`; saves it to `out_dir` when given.
 
   With `split_words=False` merges may cross spaces, so the fixed phrases of the
-  prompts become a few long tokens (short sequences for a CPU demo).
+  prompts become a few long tokens (short sequences for a CPU demo). Each of
+  `isolated_words` (e.g. the action names) is never merged with the text around it
+  (one token when the texts use it often), so a decision reads the same wherever it appears.
   """
   backend = Tokenizer(models.BPE())
+  words = sorted(isolated_words, key=len, reverse=True)  # longest first, so no word splits a longer one
+  isolate = [pre_tokenizers.Split(Regex("|".join(map(re.escape, words))), behavior="isolated")] if words else []
   backend.pre_tokenizer = pre_tokenizers.Sequence([
+      *isolate,
       pre_tokenizers.Digits(individual_digits=True),
       pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=split_words),
   ])

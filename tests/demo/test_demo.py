@@ -71,6 +71,7 @@ def shortened(config_name: str, workdir) -> ml_collections.ConfigDict:
   config.demo.envs = "frozenlake"
   config.demo.hidden_size, config.demo.num_layers = 32, 1
   config.demo.sft_episodes, config.demo.sft_steps, config.demo.sft_batch_size = 8, 4, 4
+  config.demo.sft_warmup_steps, config.demo.sft_decay_steps = 1, 2
   config.rollout.max_turns = 2
   config.train.iterations, config.train.env_groups, config.train.group_size = 2, 2, 4
   config.train.mini_batch_size, config.train.micro_batch_size = 8, 4
@@ -96,6 +97,14 @@ def test_shortened_demo_writes_every_report_file(tmp_path):
   # same seeds before and after: the mean of the per-seed changes is the change of the means
   assert saved["gain"] == pytest.approx(saved["final_val_success"] - saved["sft_val_success"], abs=1e-9)
   assert saved["gain_se"] >= 0.0 and "± " in report
+
+
+def test_sft_phases_longer_than_the_run_fail_before_any_work(tmp_path):
+  config = shortened("demo", tmp_path)
+  config.demo.sft_warmup_steps = 10
+  with pytest.raises(ValueError, match="do not fit in 4 steps"):
+    run(config)
+  assert not os.path.exists(tmp_path / "tokenizer")
 
 
 def test_paired_gain_by_hand():
