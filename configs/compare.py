@@ -2,7 +2,7 @@
 
 One tokenizer and SFT warm start (the demo's settings) are shared by every run; each
 (environment, setting, seed) then runs RL from it: 24.9 min measured on the idle 2-core machine
-(docs/results.md).
+with the demo's earlier 300-step SFT (docs/results.md).
 """
 
 import ml_collections
