@@ -27,8 +27,8 @@ def get_config():
   c.demo.sft_steps = 400
   c.demo.sft_batch_size = 8
   c.demo.sft_lr = 3e-3
-  c.demo.sft_warmup_steps = 30    # then constant: copying the chosen move into the answer is learned
-  c.demo.sft_decay_steps = 100    # around step 150-300, later under a decaying rate; decay at the end
+  c.demo.sft_warmup_steps = 30    # then a constant rate: repeating the chosen moves in the answer is
+  c.demo.sft_decay_steps = 100    # learned around steps 150-300 (later under a decay from the start)
   c.demo.mistake_rate = 0.3       # share of demonstration turns with one wrong move
   c.demo.single_move_rate = 0.6   # share of demonstration turns with only the plan's first move
 
