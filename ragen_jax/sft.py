@@ -56,13 +56,13 @@ def lr_schedule(lr: float, steps: int, warmup_steps: int = 0, decay_steps: int |
                               [warmup_steps, constant_until])
 
 
-def fit(config: ModelConfig, params, examples, *, seq_len: int, steps: int, batch_size: int, lr: float,
-        warmup_steps: int = 0, decay_steps: int | None = None, seed: int = 0, on_step=None, progress: bool = False):
-  """Trains `params` on the examples for `steps` AdamW steps (learning rate: `lr_schedule`);
-  returns (params, last loss)."""
+def fit(config: ModelConfig, params, examples, *, seq_len: int, steps: int, batch_size: int,
+        schedule: optax.Schedule, seed: int = 0, on_step=None, progress: bool = False):
+  """Trains `params` on the examples for `steps` AdamW steps at the learning rates of `schedule`
+  (e.g. `lr_schedule`); returns (params, last loss)."""
   from tqdm.auto import tqdm
   tokens, valid, mask = pack_examples(examples, seq_len)
-  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(lr_schedule(lr, steps, warmup_steps, decay_steps)))
+  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule))
   opt_state = tx.init(params)
   step_fn = make_sft_step(config, tx)
   rng = np.random.default_rng(seed)

@@ -23,7 +23,7 @@ from ragen_jax.models.tokenizer import train_tokenizer
 from ragen_jax.rollout import prompt
 from ragen_jax.rollout.episodes import RolloutConfig, build_assets, render_batch, reset_batch, unbatch
 from ragen_jax.sampling import SamplingRule
-from ragen_jax.sft import fit
+from ragen_jax.sft import fit, lr_schedule
 
 
 @pytest.fixture(scope="session")
@@ -75,7 +75,7 @@ def replying_model(tokenizer, sokoban, assets):
     context, reply = row_ids[row_valid].tolist(), replies[i % len(replies)]
     examples.append((context + reply, [False] * len(context) + [True] * len(reply)))
   params, loss = fit(config, init_params(config, jax.random.key(0)), examples, seq_len=512, steps=100,
-                     batch_size=4, lr=5e-3)
+                     batch_size=4, schedule=lr_schedule(5e-3, 100))
   assert loss < 0.5, loss
   return Model(config=dataclasses.replace(config, eos_token_ids=(tokenizer.eos_token_id,)), params=params,
                mesh=mesh_lib.single_device_mesh())

@@ -70,8 +70,8 @@ def demonstrations(config, env_name, tokenizer):
 
 def warm_start(config, env_names):
   """Tokenizer and SFT on solver demonstrations of `env_names`; returns (SFT model dir, tokenizer, demo success)."""
-  lr_schedule(config.demo.sft_lr, config.demo.sft_steps, config.demo.sft_warmup_steps,
-              config.demo.sft_decay_steps)  # bad SFT settings fail before any work
+  schedule = lr_schedule(config.demo.sft_lr, config.demo.sft_steps, config.demo.sft_warmup_steps,
+                         config.demo.sft_decay_steps)  # bad SFT settings fail before any work
   os.makedirs(config.workdir, exist_ok=True)
   log(f"training a tokenizer on {', '.join(env_names)} text")
   tokenizer = build_tokenizer(config, env_names, os.path.join(config.workdir, "tokenizer"))
@@ -89,8 +89,7 @@ def warm_start(config, env_names):
       f"(sequences up to {seq_len} tokens)")
   losses = []
   params, _ = fit(model_config, params, examples, seq_len=seq_len, steps=config.demo.sft_steps,
-                  batch_size=config.demo.sft_batch_size, lr=config.demo.sft_lr,
-                  warmup_steps=config.demo.sft_warmup_steps, decay_steps=config.demo.sft_decay_steps, seed=config.seed,
+                  batch_size=config.demo.sft_batch_size, schedule=schedule, seed=config.seed,
                   on_step=lambda step, loss: losses.append(loss) if step % 25 == 24 else None,
                   progress=config.logging.progress_bar)
   log("SFT loss every 25 steps: " + ", ".join(f"{float(x):.3f}" for x in losses))

@@ -140,7 +140,7 @@ def test_cached_attention_reads_only_the_filled_blocks_and_equals_full_attention
   cache_k, cache_v = (jnp.asarray(rng.normal(size=(layers, b, kv, slots, h)), jnp.float32) for _ in range(2))
   mask = jnp.asarray(rng.random((b, t, slots)) < 0.6) & (jnp.arange(slots) < key_end)
   mask = mask.at[:, :, 0].set(True)  # every query sees at least one key
-  expected = attention(q, cache_k[1], cache_v[1], mask)
+  expected = attention(q, cache_k[1].transpose(0, 2, 1, 3), cache_v[1].transpose(0, 2, 1, 3), mask)
   got = jax.jit(cached_attention, static_argnames="block")(q, cache_k, cache_v, 1, mask, key_end, block=block)
   np.testing.assert_allclose(got, expected, atol=1e-5)
   # Blocks past key_end are never read: NaN there changes nothing.
@@ -148,3 +148,17 @@ def test_cached_attention_reads_only_the_filled_blocks_and_equals_full_attention
   if unread < slots:
     poisoned = cache_k.at[:, :, :, unread:].set(jnp.nan), cache_v.at[:, :, :, unread:].set(jnp.nan)
     np.testing.assert_allclose(cached_attention(q, *poisoned, 1, mask, key_end, block=block), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("t,block", [(50, 16), (64, 64), (64, 8), (7, 16)])
+def test_causal_attention_by_query_blocks_equals_full_attention(t, block):
+  from ragen_jax.models.transformer import attention, causal_attention
+  rng = np.random.default_rng(t + block)
+  b, n, kv, h = 3, 4, 2, 8
+  q, k, v = (jnp.asarray(rng.normal(size=(b, t, heads, h)), jnp.float32) for heads in (n, kv, kv))
+  valid = jnp.asarray(rng.random((b, t)) < 0.8).at[:, 0].set(True)
+  window = jnp.asarray(rng.random((b, t, t)) < 0.7).at[:, :, 0].set(True)  # dropped turns; key 0 always seen
+  mask = valid[:, None, :] & (jnp.arange(t)[:, None] >= jnp.arange(t)[None, :]) & window
+  expected = attention(q, k, v, mask)
+  got = jax.jit(causal_attention, static_argnames="block")(q, k, v, mask, block=block)
+  np.testing.assert_allclose(got, expected, atol=1e-5)
