@@ -29,7 +29,7 @@ compare: install
 	$(PYTHON) -m ragen_jax.demo.compare
 
 test: install-test
-	$(PYTHON) -m pytest -q tests
+	$(PYTHON) -m pytest -q -n 2 tests  # two workers: much of the suite is single-threaded compilation
 
 bench: install-test
 	$(PYTHON) bench/run_all.py
