@@ -1,9 +1,10 @@
 """`make demo`: a tiny model learns Sokoban and FrozenLake on 2 CPU cores in minutes.
 
 A tokenizer is trained on environment text, a ~1M-parameter model is warm-started
-by SFT on solver demonstrations whose reasoning names the positions, where the box or
-goal lies and the next push, with deliberate imperfections (hesitant one-move turns and
-wrong moves), then trained with RL + SNR-Aware Filtering with the collapse diagnostics on.
+by SFT (two short stages on replies with random moves, then solver demonstrations whose
+reasoning names the positions, where the box or goal lies and the next push, with
+deliberate imperfections: hesitant one-move turns and wrong moves), then trained with
+RL + SNR-Aware Filtering with the collapse diagnostics on.
 """
 
 import ml_collections
@@ -24,11 +25,13 @@ def get_config():
   c.demo.num_heads = 4
   c.demo.num_kv_heads = 2
   c.demo.sft_episodes = 512       # per environment
-  c.demo.sft_steps = 400
+  c.demo.copy_steps = 100         # first SFT stages, on replies with random moves (docs/results.md): the answer
+  c.demo.reading_steps = 100      # repeats the reasoning's moves; the reasoning reads positions off the observation
+  c.demo.sft_steps = 350          # then the demonstrations
   c.demo.sft_batch_size = 8
   c.demo.sft_lr = 3e-3
-  c.demo.sft_warmup_steps = 30    # then a constant rate: the model starts repeating its chosen moves in
-  c.demo.sft_decay_steps = 0      # the answer anywhere from step 150 to past 400 (docs/results.md)
+  c.demo.sft_warmup_steps = 30    # then a constant rate,
+  c.demo.sft_decay_steps = 150    # then cosine decay over the last steps
   c.demo.mistake_rate = 0.3       # share of demonstration turns with one wrong move
   c.demo.single_move_rate = 0.6   # share of demonstration turns with only the plan's first move
 

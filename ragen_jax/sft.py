@@ -56,23 +56,28 @@ def lr_schedule(lr: float, steps: int, warmup_steps: int = 0, decay_steps: int |
                               [warmup_steps, constant_until])
 
 
-def fit(config: ModelConfig, params, examples, *, seq_len: int, steps: int, batch_size: int,
-        schedule: optax.Schedule, seed: int = 0, on_step=None, progress: bool = False):
-  """Trains `params` on the examples for `steps` AdamW steps at the learning rates of `schedule`
-  (e.g. `lr_schedule`); returns (params, last loss)."""
+def fit(config: ModelConfig, params, stages, *, batch_size: int, schedule: optax.Schedule, seed: int = 0,
+        on_step=None, progress: bool = False):
+  """Trains `params` with AdamW at the learning rates of `schedule` (e.g. `lr_schedule`, counted over all
+  steps) on each stage in turn; `stages` lists (examples, seq_len, steps) and one optimizer state runs
+  through them. Returns (params, last loss)."""
   from tqdm.auto import tqdm
-  tokens, valid, mask = pack_examples(examples, seq_len)
   tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule))
   opt_state = tx.init(params)
   step_fn = make_sft_step(config, tx)
   rng = np.random.default_rng(seed)
-  loss = jnp.nan
-  bar = tqdm(range(steps), desc="sft", disable=not progress, dynamic_ncols=True)
-  for step in bar:
-    idx = rng.choice(len(examples), size=batch_size, replace=len(examples) < batch_size)
-    params, opt_state, loss = step_fn(params, opt_state, tokens[idx], valid[idx], mask[idx])
-    if on_step is not None:
-      on_step(step, loss)
-    if progress and step % 10 == 9:
-      bar.set_postfix(loss=f"{float(loss):.3f}", refresh=False)
+  loss, step = jnp.nan, 0
+  bar = tqdm(total=sum(steps for *_, steps in stages), desc="sft", disable=not progress, dynamic_ncols=True)
+  for examples, seq_len, steps in stages:
+    tokens, valid, mask = pack_examples(examples, seq_len)
+    for _ in range(steps):
+      idx = rng.choice(len(examples), size=batch_size, replace=len(examples) < batch_size)
+      params, opt_state, loss = step_fn(params, opt_state, tokens[idx], valid[idx], mask[idx])
+      if on_step is not None:
+        on_step(step, loss)
+      step += 1
+      bar.update()
+      if progress and step % 10 == 0:
+        bar.set_postfix(loss=f"{float(loss):.3f}", refresh=False)
+  bar.close()
   return params, float(loss)

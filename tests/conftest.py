@@ -74,8 +74,8 @@ def replying_model(tokenizer, sokoban, assets):
   for i, (row_ids, row_valid) in enumerate(zip(np.asarray(ids), np.asarray(valid))):
     context, reply = row_ids[row_valid].tolist(), replies[i % len(replies)]
     examples.append((context + reply, [False] * len(context) + [True] * len(reply)))
-  params, loss = fit(config, init_params(config, jax.random.key(0)), examples, seq_len=512, steps=100,
-                     batch_size=4, schedule=lr_schedule(5e-3, 100))
+  params, loss = fit(config, init_params(config, jax.random.key(0)), [(examples, 512, 100)], batch_size=4,
+                     schedule=lr_schedule(5e-3, 100))
   assert loss < 0.5, loss
   return Model(config=dataclasses.replace(config, eos_token_ids=(tokenizer.eos_token_id,)), params=params,
                mesh=mesh_lib.single_device_mesh())

@@ -1,10 +1,14 @@
-"""The SFT learning-rate schedule: warm-up, constant, then cosine decay over the last steps."""
+"""SFT: the learning-rate schedule (warm-up, constant, then cosine decay over the last steps) and staged fitting."""
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 
-from ragen_jax.sft import lr_schedule
+from ragen_jax.models import init_params
+from ragen_jax.models.scratch import scratch_config
+from ragen_jax.sft import fit, lr_schedule
 
 
 def test_warmup_constant_then_decay():
@@ -26,3 +30,19 @@ def test_default_is_cosine_decay_over_every_step():
 def test_phases_that_do_not_fit_fail_early(warmup_steps, decay_steps):
   with pytest.raises(ValueError, match="do not fit"):
     lr_schedule(1e-3, steps=100, warmup_steps=warmup_steps, decay_steps=decay_steps)
+
+
+def test_fit_runs_one_optimizer_through_the_stages(tokenizer):
+  config = scratch_config(tokenizer, hidden_size=32, num_layers=1)
+  params = jax.tree.map(np.array, init_params(config, jax.random.key(0)))  # host copies: fit donates its params
+  ids = tokenizer.encode("<think>Up</think><answer>Up</answer>")
+  short, long = [(ids, [True] * len(ids))] * 2, [(ids * 3, [True] * (3 * len(ids)))] * 2
+  # no learning for the first stage's 3 steps: the schedule is counted over both stages
+  schedule = optax.join_schedules([optax.constant_schedule(0.0), optax.constant_schedule(1e-2)], [3])
+  steps = []
+  first, _ = fit(config, jax.tree.map(jnp.array, params), [(short, 32, 3)], batch_size=2, schedule=schedule)
+  both, loss = fit(config, jax.tree.map(jnp.array, params), [(short, 32, 3), (long, 64, 2)], batch_size=2,
+                   schedule=schedule, on_step=lambda step, _: steps.append(step))
+  assert steps == [0, 1, 2, 3, 4] and np.isfinite(loss)
+  assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(first), jax.tree.leaves(params)))
+  assert not all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(both), jax.tree.leaves(params)))

@@ -20,7 +20,7 @@ import numpy as np
 import envs
 from ragen_jax import config as config_lib
 from ragen_jax import mesh as mesh_lib
-from ragen_jax.demo.demonstrations import corpus, solver_policy
+from ragen_jax.demo.demonstrations import corpus, format_rows, plan_and_reason, solver_policy
 from ragen_jax.models import init_params
 from ragen_jax.models.hf_io import export_hf
 from ragen_jax.models.scratch import scratch_config
@@ -28,12 +28,13 @@ from ragen_jax.models.tokenizer import train_tokenizer
 from ragen_jax.report.summary import write_report
 from ragen_jax.rollout import prompt
 from ragen_jax.rollout.device import slot_layout
-from ragen_jax.rollout.episodes import build_assets, reset_batch
+from ragen_jax.rollout.episodes import build_assets, reset_batch, unbatch
 from ragen_jax.rollout.host import host_rollout
 from ragen_jax.sft import fit, lr_schedule
 from ragen_jax.train import Trainer, build_experiment, rollout_config_from, rollout_metrics
 
 DEMO_SEED_BASE = 50_000  # demonstration seeds, apart from training (10000+) and validation (123+)
+FORMAT_ROW_LEN = 128     # tokens per row of the format stages (4-5 packed replies, or an observation and its reply)
 
 
 def log(message: str):
@@ -68,9 +69,30 @@ def demonstrations(config, env_name, tokenizer):
   return examples, float(np.mean(traj.success))
 
 
+def format_stages(config, env_names, tokenizer):
+  """The first SFT stages, on replies with random moves to the demonstrations' first states: packed
+  replies that teach the answer to repeat the reasoning's moves, then observed replies that teach the
+  reasoning to read the positions off the observation."""
+  states = []
+  for name in env_names:
+    env, params = envs.make(name)
+    names, count = env.action_names(params), config.demo.sft_episodes
+    first_states = reset_batch(env, params, jnp.arange(DEMO_SEED_BASE, DEMO_SEED_BASE + count))
+    for i in range(count):
+      state = unbatch(first_states, i)
+      states.append((env.render_text(state, params), plan_and_reason(name, state, names)[1], names))
+  stages = []
+  for observed, steps in ((False, config.demo.copy_steps), (True, config.demo.reading_steps)):
+    rows = format_rows(states, tokenizer, observed=observed, rows=steps * config.demo.sft_batch_size,
+                       row_len=FORMAT_ROW_LEN, max_moves=config.rollout.max_actions_per_turn, seed=config.seed)
+    stages.append((rows, FORMAT_ROW_LEN, steps))
+  return stages
+
+
 def warm_start(config, env_names):
   """Tokenizer and SFT on solver demonstrations of `env_names`; returns (SFT model dir, tokenizer, demo success)."""
-  schedule = lr_schedule(config.demo.sft_lr, config.demo.sft_steps, config.demo.sft_warmup_steps,
+  total_steps = config.demo.copy_steps + config.demo.reading_steps + config.demo.sft_steps
+  schedule = lr_schedule(config.demo.sft_lr, total_steps, config.demo.sft_warmup_steps,
                          config.demo.sft_decay_steps)  # bad SFT settings fail before any work
   os.makedirs(config.workdir, exist_ok=True)
   log(f"training a tokenizer on {', '.join(env_names)} text")
@@ -85,12 +107,13 @@ def warm_start(config, env_names):
     examples += env_examples
     log(f"{len(env_examples)} {name} demonstrations (solver with mistakes solves {demo_success[name]:.0%})")
   seq_len = -(-max(len(ids) for ids, _ in examples) // 64) * 64
-  log(f"SFT of a {n_params / 1e6:.2f}M-parameter model for {config.demo.sft_steps} steps "
-      f"(sequences up to {seq_len} tokens)")
+  log(f"SFT of a {n_params / 1e6:.2f}M-parameter model: {config.demo.copy_steps} + {config.demo.reading_steps} "
+      f"steps on replies with random moves (answers repeat them; positions read off the observation), then "
+      f"{config.demo.sft_steps} on the demonstrations (sequences up to {seq_len} tokens)")
   losses = []
-  params, _ = fit(model_config, params, examples, seq_len=seq_len, steps=config.demo.sft_steps,
-                  batch_size=config.demo.sft_batch_size, schedule=schedule, seed=config.seed,
-                  on_step=lambda step, loss: losses.append(loss) if step % 25 == 24 else None,
+  stages = format_stages(config, env_names, tokenizer) + [(examples, seq_len, config.demo.sft_steps)]
+  params, _ = fit(model_config, params, stages, batch_size=config.demo.sft_batch_size, schedule=schedule,
+                  seed=config.seed, on_step=lambda step, loss: losses.append(loss) if step % 25 == 24 else None,
                   progress=config.logging.progress_bar)
   log("SFT loss every 25 steps: " + ", ".join(f"{float(x):.3f}" for x in losses))
   sft_dir = os.path.join(config.workdir, "sft_model")

@@ -4,6 +4,9 @@ A scripted policy plays episodes through the host rollout path, so the
 demonstrations have exactly the token layout the model later sees in RL. Each
 reply names the positions that matter and the moves chosen from a BFS plan;
 a share of turns deliberately takes one wrong move (RL then has room to improve).
+`format_rows` builds replies with random moves for the first SFT stages, which teach
+the answer to repeat the moves the reasoning chose and the reasoning to read the
+positions off the observation.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ import itertools
 import numpy as np
 
 from envs import solvers
+from envs.text import ANSWER_OPEN
 from ragen_jax.rollout.episodes import unbatch
+from ragen_jax.rollout.prompt import THINK_OPEN
 
 
 def _cells(mask) -> str:
@@ -73,6 +78,40 @@ def reply_text(reasoning: str, move_names) -> str:
   """A reply in the reference format: reasoning, the chosen moves, then the answer."""
   answer = " || ".join(move_names)
   return f"{reasoning} So: {answer}.</think><answer>{answer}</answer>"
+
+
+def format_rows(states, tokenizer, *, observed: bool, rows: int, row_len: int, max_moves: int, seed: int = 0):
+  """`rows` (token ids, loss mask) pairs of up to `row_len` tokens in the reply format, for the first SFT stages.
+
+  `states` lists (observation text, reasoning, action names). Every reply takes 1 to `max_moves` random
+  moves, so its answer can be predicted only by repeating the moves the reasoning chose. Rows that are not
+  `observed` pack replies without their observations, with the loss on the answers; `observed` rows hold
+  one observation and its reply, with the loss on the reply, whose positions are read off the
+  observation. SFT on the demonstrations alone learns these copies late or not at all (docs/results.md).
+  """
+  rng = np.random.default_rng(seed)
+  answer_open = tokenizer.convert_tokens_to_ids(ANSWER_OPEN)
+  packed = []
+  for _ in range(rows):
+    ids, mask = [], []
+    while True:
+      observation, reasoning, names = states[int(rng.integers(len(states)))]
+      moves = [names[a] for a in rng.integers(len(names), size=int(rng.integers(1, max_moves + 1)))]
+      reply = tokenizer.encode(reply_text(reasoning, moves)) + [tokenizer.eos_token_id]
+      if observed:
+        context = tokenizer.encode(f"{observation}\n{THINK_OPEN}")
+        ids, mask = context + reply, [False] * len(context) + [True] * len(reply)
+        break
+      reply = tokenizer.encode(THINK_OPEN) + reply
+      if len(ids) + len(reply) > row_len:
+        break
+      answer_start = reply.index(answer_open) + 1
+      ids += reply
+      mask += [i >= answer_start for i in range(len(reply))]
+    if not ids or len(ids) > row_len:
+      raise ValueError(f"a format row needs more than row_len={row_len} tokens")
+    packed.append((ids, mask))
+  return packed
 
 
 @dataclasses.dataclass

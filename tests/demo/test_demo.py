@@ -13,7 +13,7 @@ from PIL import Image
 import envs
 from ragen_jax.config import load_config_file
 from ragen_jax.demo.__main__ import paired_gain, run
-from ragen_jax.demo.demonstrations import direction_text, plan_and_reason, solver_policy
+from ragen_jax.demo.demonstrations import direction_text, format_rows, plan_and_reason, solver_policy
 from ragen_jax.rollout.episodes import reset_batch, unbatch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -64,6 +64,40 @@ def test_solver_replies_follow_the_plan_with_the_asked_imperfections(tokenizer, 
     assert sum(a != b for a, b in zip(moves, expected)) == (1 if mistake_rate else 0), text
 
 
+@pytest.mark.parametrize("observed", [False, True])
+def test_format_rows_teach_answers_that_repeat_the_reasoning_moves(tokenizer, observed):
+  env, params = envs.make("sokoban")
+  names = env.action_names(params)
+  states = reset_batch(env, params, jnp.arange(4))
+  texts = [(env.render_text(unbatch(states, i), params), plan_and_reason("sokoban", unbatch(states, i), names)[1],
+            names) for i in range(4)]
+  rows = format_rows(texts, tokenizer, observed=observed, rows=8, row_len=200, max_moves=2, seed=0)
+  move_counts, moves_seen = set(), set()
+  for ids, mask in rows:
+    assert 0 < len(ids) <= 200 and len(mask) == len(ids)
+    observation, *replies = tokenizer.decode(ids).split("<think>")
+    if observed:  # one observation and its reply
+      assert observation.removesuffix("\n") in {t[0] for t in texts} and len(replies) == 1
+    else:  # packed replies
+      assert observation == "" and len(replies) >= 2
+    answers = []
+    for reply in replies:
+      think, answer = reply.split("</think><answer>")
+      reasoning, chosen = think.rsplit(" So: ", 1)
+      moves = answer.removesuffix(f"</answer>{tokenizer.eos_token}")
+      assert reasoning in {t[1] for t in texts} and chosen == f"{moves}."
+      if observed:  # the reasoning is that of the observed state
+        assert texts[[t[0] for t in texts].index(observation.removesuffix("\n"))][1] == reasoning
+      move_counts.add(len(moves.split(" || ")))
+      moves_seen.update(moves.split(" || "))
+      answers.append(answer)
+    # the loss: the whole reply after an observation, the answers of packed replies
+    assert tokenizer.decode([t for t, m in zip(ids, mask) if m]) == (replies[0] if observed else "".join(answers))
+  assert move_counts == {1, 2} and moves_seen == set(names)  # random moves, not the plan's
+  with pytest.raises(ValueError, match="more than row_len=8"):
+    format_rows(texts, tokenizer, observed=observed, rows=1, row_len=8, max_moves=2)
+
+
 def shortened(config_name: str, workdir) -> ml_collections.ConfigDict:
   """`configs/<config_name>.py` shrunk to seconds: a 1-layer model, few demonstrations, 2 iterations of 2 x 4."""
   config = load_config_file(os.path.join(ROOT, "configs", f"{config_name}.py"))
@@ -71,6 +105,7 @@ def shortened(config_name: str, workdir) -> ml_collections.ConfigDict:
   config.demo.envs = "frozenlake"
   config.demo.hidden_size, config.demo.num_layers = 32, 1
   config.demo.sft_episodes, config.demo.sft_steps, config.demo.sft_batch_size = 8, 4, 4
+  config.demo.copy_steps, config.demo.reading_steps = 1, 1
   config.demo.sft_warmup_steps, config.demo.sft_decay_steps = 1, 2
   config.rollout.max_turns = 2
   config.train.iterations, config.train.env_groups, config.train.group_size = 2, 2, 4
@@ -102,7 +137,7 @@ def test_shortened_demo_writes_every_report_file(tmp_path):
 def test_sft_phases_longer_than_the_run_fail_before_any_work(tmp_path):
   config = shortened("demo", tmp_path)
   config.demo.sft_warmup_steps = 10
-  with pytest.raises(ValueError, match="do not fit in 4 steps"):
+  with pytest.raises(ValueError, match="do not fit in 6 steps"):
     run(config)
   assert not os.path.exists(tmp_path / "tokenizer")
 
