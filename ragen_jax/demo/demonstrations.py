@@ -91,23 +91,27 @@ def format_rows(states, tokenizer, *, observed: bool, rows: int, row_len: int, m
   """
   rng = np.random.default_rng(seed)
   answer_open = tokenizer.convert_tokens_to_ids(ANSWER_OPEN)
+
+  def random_reply():
+    observation, reasoning, names = states[int(rng.integers(len(states)))]
+    moves = [names[a] for a in rng.integers(len(names), size=int(rng.integers(1, max_moves + 1)))]
+    return observation, tokenizer.encode(reply_text(reasoning, moves)) + [tokenizer.eos_token_id]
+
   packed = []
   for _ in range(rows):
-    ids, mask = [], []
-    while True:
-      observation, reasoning, names = states[int(rng.integers(len(states)))]
-      moves = [names[a] for a in rng.integers(len(names), size=int(rng.integers(1, max_moves + 1)))]
-      reply = tokenizer.encode(reply_text(reasoning, moves)) + [tokenizer.eos_token_id]
-      if observed:
-        context = tokenizer.encode(f"{observation}\n{THINK_OPEN}")
-        ids, mask = context + reply, [False] * len(context) + [True] * len(reply)
-        break
-      reply = tokenizer.encode(THINK_OPEN) + reply
-      if len(ids) + len(reply) > row_len:
-        break
-      answer_start = reply.index(answer_open) + 1
-      ids += reply
-      mask += [i >= answer_start for i in range(len(reply))]
+    if observed:
+      observation, reply = random_reply()
+      context = tokenizer.encode(f"{observation}\n{THINK_OPEN}")
+      ids, mask = context + reply, [False] * len(context) + [True] * len(reply)
+    else:
+      ids, mask = [], []
+      while True:
+        reply = tokenizer.encode(THINK_OPEN) + random_reply()[1]
+        if len(ids) + len(reply) > row_len:
+          break
+        answer_start = reply.index(answer_open) + 1
+        ids += reply
+        mask += [i >= answer_start for i in range(len(reply))]
     if not ids or len(ids) > row_len:
       raise ValueError(f"a format row needs more than row_len={row_len} tokens")
     packed.append((ids, mask))
