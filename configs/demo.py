@@ -3,7 +3,7 @@
 A tokenizer is trained on environment text, a ~1M-parameter model is warm-started
 by SFT (two short stages on replies with random moves, then solver demonstrations whose
 reasoning names the positions, where the box or goal lies and the next push, with
-deliberate imperfections: hesitant one-move turns and wrong moves), then trained with
+deliberate imperfections: hesitant one-move turns and a habitual wrong first move), then trained with
 RL + SNR-Aware Filtering with the collapse diagnostics on.
 """
 
@@ -32,7 +32,8 @@ def get_config():
   c.demo.sft_lr = 3e-3
   c.demo.sft_warmup_steps = 30    # then a constant rate,
   c.demo.sft_decay_steps = 150    # then cosine decay over the last steps
-  c.demo.mistake_rate = 0.3       # share of demonstration turns with one wrong move
+  c.demo.mistake_rate = 0.3       # share of demonstration turns that start with the habitual move
+  c.demo.habit_move = "Up"        # (a wrong move where the plan starts otherwise; RL unlearns the habit)
   c.demo.single_move_rate = 0.6   # share of demonstration turns with only the plan's first move
 
   c.rollout.max_turns = 3

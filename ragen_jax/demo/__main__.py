@@ -60,7 +60,7 @@ def demonstrations(config, env_name, tokenizer):
   assets = build_assets(tokenizer, env, params, rollout)
   policy = solver_policy(env_name, env.action_names(params), tokenizer, rollout.max_new_tokens,
                          rollout.max_actions_per_turn, config.demo.mistake_rate, config.demo.single_move_rate,
-                         seed=config.seed)
+                         config.demo.habit_move, seed=config.seed)
   count = config.demo.sft_episodes
   traj = host_rollout(policy, env, params, assets, rollout, np.arange(DEMO_SEED_BASE, DEMO_SEED_BASE + count),
                       np.arange(count), jax.random.PRNGKey(config.seed), seq_len=slot_layout(assets, rollout)[2])
@@ -94,6 +94,11 @@ def warm_start(config, env_names):
   total_steps = config.demo.copy_steps + config.demo.reading_steps + config.demo.sft_steps
   schedule = lr_schedule(config.demo.sft_lr, total_steps, config.demo.sft_warmup_steps,
                          config.demo.sft_decay_steps)  # bad SFT settings fail before any work
+  for name in env_names:
+    env, params = envs.make(name)
+    if config.demo.habit_move not in env.action_names(params):
+      raise config_lib.ConfigError(f"demo.habit_move {config.demo.habit_move!r} is not a {name} action "
+                                   f"({', '.join(env.action_names(params))})")
   os.makedirs(config.workdir, exist_ok=True)
   log(f"training a tokenizer on {', '.join(env_names)} text")
   tokenizer = build_tokenizer(config, env_names, os.path.join(config.workdir, "tokenizer"))

@@ -3,7 +3,8 @@
 A scripted policy plays episodes through the host rollout path, so the
 demonstrations have exactly the token layout the model later sees in RL. Each
 reply names the positions that matter and the moves chosen from a BFS plan;
-a share of turns deliberately takes one wrong move (RL then has room to improve).
+a share of turns deliberately makes one move only or starts with a habitual wrong
+move (RL then has room to improve).
 `format_rows` builds replies with random moves for the first SFT stages, which teach
 the answer to repeat the moves the reasoning chose and the reasoning to read the
 positions off the observation.
@@ -129,13 +130,16 @@ class ScriptedReplies:
 
 
 def solver_policy(env_name: str, action_names, tokenizer, max_new_tokens: int, actions_per_turn: int,
-                  mistake_rate: float, single_move_rate: float = 0.0, seed: int = 0):
+                  mistake_rate: float, single_move_rate: float = 0.0, habit_move: str = "Up", seed: int = 0):
   """A host-rollout policy that replies with the solver's next moves.
 
   Imperfections: a `single_move_rate` share of turns makes only the plan's first move (a hesitant
-  player runs out of turns on longer levels), and a `mistake_rate` share swaps one move for a wrong one.
+  player runs out of turns on longer levels), and a `mistake_rate` share starts with a habit, the move
+  `habit_move` in place of the plan's first move (another wrong move where the plan starts with it).
+  Both survive low-temperature sampling of the SFT policy, so RL has them to unlearn.
   """
   rng = np.random.default_rng(seed)
+  habit = list(action_names).index(habit_move)
 
   def policy(records, active, env_state, key):
     del records, key
@@ -147,8 +151,7 @@ def solver_policy(env_name: str, action_names, tokenizer, max_new_tokens: int, a
       moves = list(plan[:1 if rng.random() < single_move_rate else actions_per_turn]) or [
           int(rng.integers(len(action_names)))]
       if rng.random() < mistake_rate:
-        slot = int(rng.integers(len(moves)))
-        moves[slot] = int(rng.choice([a for a in range(len(action_names)) if a != moves[slot]]))
+        moves[0] = habit if moves[0] != habit else int(rng.choice([a for a in range(len(action_names)) if a != habit]))
       ids = tokenizer.encode(reply_text(reasoning, [action_names[a] for a in moves])) + [tokenizer.eos_token_id]
       if len(ids) > max_new_tokens:
         raise ValueError(f"a demonstration reply has {len(ids)} tokens; raise rollout.max_new_tokens")

@@ -60,8 +60,13 @@ def test_solver_replies_follow_the_plan_with_the_asked_imperfections(tokenizer, 
     text = tokenizer.decode(replies.tokens_BN[i, :replies.lengths_B[i]], skip_special_tokens=True)
     moves = [names.index(m.strip()) for m in text.split("<answer>")[1].split("</answer>")[0].split("||")]
     expected = plan[:1] if single_move_rate else plan[:2]
-    assert len(moves) == len(expected)
-    assert sum(a != b for a, b in zip(moves, expected)) == (1 if mistake_rate else 0), text
+    assert len(moves) == len(expected) and moves[1:] == expected[1:], text
+    if not mistake_rate:
+      assert moves == expected, text
+    elif expected[0] != names.index("Up"):
+      assert moves[0] == names.index("Up"), text  # the habit
+    else:
+      assert moves[0] != expected[0], text
 
 
 @pytest.mark.parametrize("observed", [False, True])
@@ -134,10 +139,12 @@ def test_shortened_demo_writes_every_report_file(tmp_path):
   assert saved["gain_se"] >= 0.0 and "± " in report
 
 
-def test_sft_phases_longer_than_the_run_fail_before_any_work(tmp_path):
+@pytest.mark.parametrize("setting,value,error", [("sft_warmup_steps", 10, "do not fit in 6 steps"),
+                                                  ("habit_move", "Wait", "'Wait' is not a frozenlake action")])
+def test_bad_demo_settings_fail_before_any_work(tmp_path, setting, value, error):
   config = shortened("demo", tmp_path)
-  config.demo.sft_warmup_steps = 10
-  with pytest.raises(ValueError, match="do not fit in 6 steps"):
+  config.demo[setting] = value
+  with pytest.raises(ValueError, match=error):
     run(config)
   assert not os.path.exists(tmp_path / "tokenizer")
 
