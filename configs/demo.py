@@ -51,4 +51,5 @@ def get_config():
   c.train.val_episodes = 256
   c.train.checkpoint_every = 7
   c.diagnostics.num_samples = 32
+  c.diagnostics.compute_freq = 2  # the MI diagnostics every other iteration (reference: 5)
   return c

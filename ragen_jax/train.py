@@ -26,7 +26,7 @@ from ragen_jax import mesh as mesh_lib
 from ragen_jax.checkpoint import Checkpointer, abstract_like
 from ragen_jax.diagnostics.alarm import AlarmConfig, AlarmState, update_alarm
 from ragen_jax.diagnostics.collapse import (CollapseConfig, init_diagnostics_state, make_diagnostics_fn,
-                                            make_grad_analysis_fn)
+                                            make_grad_analysis_fn, without_skipped)
 from ragen_jax.models import Model, bundled_model_dir, load_pretrained
 from ragen_jax.models.model import abstract_params, input_sharding, param_shardings
 from ragen_jax.report.writer import MetricWriter
@@ -286,7 +286,7 @@ class Trainer:
       scores = finish("scoring", self._score(self.state, self.ref_params, traj))
       self.state, diag_metrics = finish("diagnostics", self._diagnose(self.state, traj, scores))
       self.state, metrics = finish("update", self._learn(self.state, traj, scores))
-      metrics = mesh_lib.fetch(diag_metrics | metrics)
+      metrics = without_skipped(mesh_lib.fetch(diag_metrics | metrics), exp.collapse)
     out = rollout_metrics(traj, "train") | {
         (k if k.startswith(DIAGNOSTIC_PREFIXES) else f"update/{k}"): float(v) for k, v in metrics.items()}
     out |= times | {"time/iteration_s": sum(times.values())}
@@ -314,7 +314,7 @@ class Trainer:
     total = cfg.train.iterations if iterations is None else iterations
     writer = MetricWriter(self.workdir, cfg.logging.tensorboard,
                           cfg.logging.wandb_project if cfg.logging.wandb else None, cfg.to_dict(), self.is_main)
-    progress = _progress(total, self.iteration, cfg.logging.progress_bar and self.is_main)
+    progress = _progress(total, self.iteration, cfg.logging.progress_bar and self.is_main, cfg.env.name)
     last: dict[str, float] = {}
     try:
       while self.iteration < total:
@@ -358,9 +358,9 @@ class Trainer:
     return reason
 
 
-def _progress(total: int, initial: int, enabled: bool):
+def _progress(total: int, initial: int, enabled: bool, desc: str):
   from tqdm.auto import tqdm
-  return tqdm(total=total, initial=initial, desc="train", disable=not enabled, dynamic_ncols=True)
+  return tqdm(total=total, initial=initial, desc=desc, disable=not enabled, dynamic_ncols=True)
 
 
 def train(config) -> dict[str, float]:

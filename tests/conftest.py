@@ -26,6 +26,17 @@ from ragen_jax.sampling import SamplingRule
 from ragen_jax.sft import fit, lr_schedule
 
 
+@pytest.fixture(scope="session", autouse=True)
+def compilation_cache(tmp_path_factory):
+  """One persistent XLA compilation cache per test run, shared by the xdist workers: the many tests that
+  build the same tiny trainer (every one with fresh jits) compile each program once. Test speed only."""
+  root = tmp_path_factory.getbasetemp()
+  if os.environ.get("PYTEST_XDIST_WORKER"):
+    root = root.parent  # the run's directory, above each worker's own
+  jax.config.update("jax_compilation_cache_dir", str(root / "xla_cache"))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
 @pytest.fixture(scope="session")
 def smollm2_dir(tmp_path_factory):
   """HF directory of the bundled SmolLM2, converted fresh into a session temp cache (never a stale one)."""

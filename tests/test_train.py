@@ -26,9 +26,13 @@ def _config(model_dir, workdir, **overrides):
 
 
 def test_training_iterations_log_checkpoint_and_export(replying_model_dir, tmp_path):
-  final = train(_config(replying_model_dir, tmp_path, **{"train.iterations": 3, "algorithm.preset": "grpo"}))
+  final = train(_config(replying_model_dir, tmp_path, **{"train.iterations": 3, "algorithm.preset": "grpo",
+                                                         "diagnostics.compute_freq": 2}))
   rows = read_metrics(str(tmp_path))
   assert [r["step"] for r in rows] == [1, 2, 3]
+  # the MI diagnostics ran at steps 1 and 3; step 2 logs no placeholder for them
+  assert ["collapse/trajectory/mi_zscore" in r for r in rows] == [True, False, True]
+  assert [r["collapse/computed"] for r in rows] == [1.0, 0.0, 1.0]
   for row in rows:
     assert all(math.isfinite(v) for v in row.values())
     assert 0.0 <= row["train/success"] <= 1.0

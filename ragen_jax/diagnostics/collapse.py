@@ -168,6 +168,17 @@ def make_diagnostics_fn(model_config: ModelConfig, cfg: CollapseConfig, num_grou
   return diagnostics_fn
 
 
+def without_skipped(metrics: dict, cfg: CollapseConfig) -> dict:
+  """Host-side `metrics` without the zeros that stand in for the diagnostics `compute_freq` skipped this
+  step (`collapse/computed` or `grad_analysis/computed` is 0), so logs and plots hold measurements only."""
+  skipped = []
+  if not metrics.get("collapse/computed", 1.0):
+    skipped += [f"collapse/{variant}/" for variant in cfg.variants]
+  if not metrics.get("grad_analysis/computed", 1.0):
+    skipped.append("grad_analysis/bucket_")
+  return {k: v for k, v in metrics.items() if not k.startswith(tuple(skipped))}
+
+
 def make_grad_analysis_fn(model_config: ModelConfig, cfg: CollapseConfig, loss_cfg: PolicyLossConfig,
                           num_groups: int, micro_batch_size: int):
   """`grad_analysis(policy_params, batch, old_logp_BT, advantages_BT, loss_mask_BT, ref_logp_BT,

@@ -13,7 +13,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from ragen_jax.diagnostics import ZscoreEMA, update_zscore_ema
 from ragen_jax.diagnostics.collapse import (CollapseConfig, init_diagnostics_state, make_diagnostics_fn,
-                                            make_grad_analysis_fn)
+                                            make_grad_analysis_fn, without_skipped)
 from ragen_jax.models import ModelConfig, init_params
 from ragen_jax.rl.logprobs import token_logp_and_entropy
 from ragen_jax.rl.losses import PolicyLossConfig, actor_loss
@@ -142,7 +142,7 @@ def test_policy_that_ignores_the_prompt_has_zero_mi_and_chance_retrieval(diagnos
   assert m["collapse/first_turn/retrieval_chance_level"] == pytest.approx(1 / GROUPS)
 
 
-def test_compute_freq_skips_with_zeros_and_keeps_the_ema(diagnostics, copying_params):
+def test_compute_freq_skips_with_zeros_the_trainer_drops_and_keeps_the_ema(diagnostics, copying_params):
   params = copying_params  # any policy; this one is already placed like the other tests' (no recompile)
   batch = make_batch(random_episodes(np.random.default_rng(2), GROUPS, GROUP_SIZE, TURNS, vocab=32), SEQ_LEN, TURNS)
   state = initial_state(params)
@@ -155,7 +155,11 @@ def test_compute_freq_skips_with_zeros_and_keeps_the_ema(diagnostics, copying_pa
       mi = {k: float(v) for k, v in metrics.items() if k.startswith("collapse/first_turn") or
             k.startswith("collapse/trajectory")}
       assert set(mi.values()) == {0.0}
+      # what the trainer logs: the entropies, not the MI placeholders
+      logged = without_skipped({k: float(v) for k, v in metrics.items()}, DIAG)
+      assert set(logged) == set(metrics) - set(mi) and "collapse/reasoning_token_entropy" in logged
     else:
+      assert without_skipped(metrics, DIAG) == metrics
       for key in ema:  # "<variant>" or "<variant>_seq"
         variant, family = key.removesuffix("_seq"), key[len(key.removesuffix("_seq")):]
         name = lambda metric: f"collapse/{variant}/{metric}{family}"  # noqa: E731
@@ -245,6 +249,8 @@ def test_grad_analysis_matches_gradients_of_each_bucket_alone(copying_params):
   skipped = analyse(params, batch, old_logp, advantages, mask, ref_logp, scores, jnp.int32(1))
   assert float(skipped["grad_analysis/computed"]) == 0.0
   assert set(float(v) for v in skipped.values()) == {0.0}
+  assert without_skipped({k: float(v) for k, v in skipped.items()}, CollapseConfig()) == {"grad_analysis/computed": 0.0}
+  assert without_skipped(metrics, CollapseConfig()) == metrics
 
 
 def test_bad_settings_fail_early():
