@@ -29,6 +29,7 @@ def get_config():
   c.demo.reading_steps = 100      # repeats the reasoning's moves; the reasoning reads positions off the observation
   c.demo.sft_steps = 350          # then the demonstrations
   c.demo.sft_batch_size = 8
+  c.demo.sft_length_bucket = 64  # each batch pads its examples to one multiple of 64 tokens, not to the longest
   c.demo.sft_lr = 3e-3
   c.demo.sft_warmup_steps = 30    # then a constant rate,
   c.demo.sft_decay_steps = 150    # then cosine decay over the last steps
@@ -41,15 +42,15 @@ def get_config():
   c.rollout.max_actions_per_traj = 8
 
   c.algorithm.preset = "grpo"
-  c.train.iterations = 14         # validation at 0, 7 and 14; about 14 min in all on 2 cores
+  c.train.iterations = 12         # validation at 0, 6 and 12
   c.train.env_groups = 8
   c.train.group_size = 8
   c.train.mini_batch_size = 16
   c.train.micro_batch_size = 16
   c.train.actor_lr = 3e-4
-  c.train.val_every = 7
+  c.train.val_every = 6
   c.train.val_episodes = 256
-  c.train.checkpoint_every = 7
+  c.train.checkpoint_every = 6
   c.diagnostics.num_samples = 32
   c.diagnostics.compute_freq = 2  # the MI diagnostics every other iteration (reference: 5)
   return c

@@ -56,11 +56,25 @@ def lr_schedule(lr: float, steps: int, warmup_steps: int = 0, decay_steps: int |
                               [warmup_steps, constant_until])
 
 
+def length_classes(valid_NT, length_bucket: int | None) -> np.ndarray:
+  """int[N]: each example's padded length, its token count rounded up to a multiple of `length_bucket`
+  (at most the row width T); None: every example is padded to T."""
+  width = valid_NT.shape[1]
+  if length_bucket is None:
+    return np.full(len(valid_NT), width)
+  return np.minimum(-(-valid_NT.sum(axis=1) // length_bucket) * length_bucket, width)
+
+
 def fit(config: ModelConfig, params, stages, *, batch_size: int, schedule: optax.Schedule, seed: int = 0,
-        on_step=None, progress: bool = False):
+        length_bucket: int | None = None, on_step=None, progress: bool = False):
   """Trains `params` with AdamW at the learning rates of `schedule` (e.g. `lr_schedule`, counted over all
   steps) on each stage in turn; `stages` lists (examples, seq_len, steps) and one optimizer state runs
-  through them. Returns (params, last loss)."""
+  through them. Returns (params, last loss).
+
+  With `length_bucket`, each batch holds examples of one `length_classes` class, padded to that length
+  only: a step on short examples costs what they cost (one compilation per class). Each step picks the
+  class of a uniformly drawn example, so every example is still drawn equally often on average.
+  """
   from tqdm.auto import tqdm
   tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule))
   opt_state = tx.init(params)
@@ -70,9 +84,13 @@ def fit(config: ModelConfig, params, stages, *, batch_size: int, schedule: optax
   bar = tqdm(total=sum(steps for *_, steps in stages), desc="sft", disable=not progress, dynamic_ncols=True)
   for examples, seq_len, steps in stages:
     tokens, valid, mask = pack_examples(examples, seq_len)
+    classes = length_classes(valid, length_bucket)
     for _ in range(steps):
-      idx = rng.choice(len(examples), size=batch_size, replace=len(examples) < batch_size)
-      params, opt_state, loss = step_fn(params, opt_state, tokens[idx], valid[idx], mask[idx])
+      width = seq_len if length_bucket is None else classes[rng.integers(len(examples))]
+      members = np.flatnonzero(classes == width)
+      idx = rng.choice(members, size=batch_size, replace=len(members) < batch_size)
+      params, opt_state, loss = step_fn(params, opt_state, tokens[idx, :width], valid[idx, :width],
+                                        mask[idx, :width])
       if on_step is not None:
         on_step(step, loss)
       step += 1

@@ -1,4 +1,5 @@
-"""SFT: the learning-rate schedule (warm-up, constant, then cosine decay over the last steps) and staged fitting."""
+"""SFT: the learning-rate schedule (warm-up, constant, then cosine decay over the last steps), staged fitting
+and length-bucketed batches."""
 
 import jax
 import jax.numpy as jnp
@@ -6,9 +7,10 @@ import numpy as np
 import optax
 import pytest
 
+from ragen_jax import sft
 from ragen_jax.models import init_params
 from ragen_jax.models.scratch import scratch_config
-from ragen_jax.sft import fit, lr_schedule
+from ragen_jax.sft import fit, length_classes, lr_schedule, pack_examples, sft_loss
 
 
 def test_warmup_constant_then_decay():
@@ -46,3 +48,34 @@ def test_fit_runs_one_optimizer_through_the_stages(tokenizer):
   assert steps == [0, 1, 2, 3, 4] and np.isfinite(loss)
   assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(first), jax.tree.leaves(params)))
   assert not all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(both), jax.tree.leaves(params)))
+
+
+def test_length_buckets_pad_each_batch_to_one_class(tokenizer, monkeypatch):
+  examples = [([5] * n, [True] * n) for n in (10, 20, 64, 65, 100, 128)]
+  _, valid, _ = pack_examples(examples, 128)
+  np.testing.assert_array_equal(length_classes(valid, 64), [64, 64, 64, 128, 128, 128])
+  np.testing.assert_array_equal(length_classes(valid, None), [128] * 6)
+  batches = []
+
+  def recording_step(params, opt_state, tokens_BT, valid_BT, loss_mask_BT):
+    batches.append((tokens_BT.shape[1], valid_BT.sum(axis=1)))
+    return params, opt_state, jnp.zeros(())
+
+  monkeypatch.setattr(sft, "make_sft_step", lambda config, tx: recording_step)
+  config = scratch_config(tokenizer, hidden_size=32, num_layers=1)
+  fit(config, init_params(config, jax.random.key(0)), [(examples, 128, 40)], batch_size=2,
+      schedule=optax.constant_schedule(1e-3), length_bucket=64)
+  assert {width for width, _ in batches} == {64, 128}  # both classes drawn
+  for width, lengths in batches:  # every example of a batch belongs to its width's class
+    assert all(width - 64 < n <= width for n in lengths), (width, lengths)
+
+
+def test_trailing_padding_does_not_change_the_loss(tokenizer):
+  """What length buckets rely on: a batch padded to 64 or to 128 tokens has the same loss."""
+  config = scratch_config(tokenizer, hidden_size=32, num_layers=1)
+  params = init_params(config, jax.random.key(1))
+  ids = tokenizer.encode("<think>Up</think><answer>Up || Left</answer>")
+  tokens, valid, mask = pack_examples([(ids, [False, True] * (len(ids) // 2) + [True] * (len(ids) % 2))] * 2, 128)
+  short, full = sft_loss(config, params, tokens[:, :64], valid[:, :64], mask[:, :64]), sft_loss(
+      config, params, tokens, valid, mask)
+  assert float(full) > 0.0 and float(short) == pytest.approx(float(full), rel=1e-5)

@@ -118,7 +118,8 @@ def warm_start(config, env_names):
   losses = []
   stages = format_stages(config, env_names, tokenizer) + [(examples, seq_len, config.demo.sft_steps)]
   params, _ = fit(model_config, params, stages, batch_size=config.demo.sft_batch_size, schedule=schedule,
-                  seed=config.seed, on_step=lambda step, loss: losses.append(loss) if step % 25 == 24 else None,
+                  seed=config.seed, length_bucket=config.demo.sft_length_bucket,
+                  on_step=lambda step, loss: losses.append(loss) if step % 25 == 24 else None,
                   progress=config.logging.progress_bar)
   log("SFT loss every 25 steps: " + ", ".join(f"{float(x):.3f}" for x in losses))
   sft_dir = os.path.join(config.workdir, "sft_model")
