@@ -80,12 +80,14 @@ def test_broken_latest_checkpoint_falls_back_to_the_previous(replying_model_dir,
   assert resumed.try_resume() and resumed.iteration == 1
 
 
-@pytest.mark.parametrize("preset", ["ppo", "grpo"])
-def test_sharded_update_equals_single_device(replying_model_dir, tmp_path, preset):
+# The collapse diagnostics run sharded in one of the two (their numbers: tests/diagnostics/test_cross_scoring.py).
+@pytest.mark.parametrize("preset,diagnostics", [("ppo", True), ("grpo", False)])
+def test_sharded_update_equals_single_device(replying_model_dir, tmp_path, preset, diagnostics):
   results = []
   for shape in ((1, 1, 1), (2, 2, 2)):
     config = _config(replying_model_dir, tmp_path / str(shape), **{"algorithm.preset": preset,
-                                                                   "filter.enabled": False})
+                                                                   "filter.enabled": False,
+                                                                   "diagnostics.enabled": diagnostics})
     config.mesh.data, config.mesh.fsdp, config.mesh.tensor = shape
     config.mesh.num_devices = int(np.prod(shape))
     trainer = Trainer(build_experiment(config))
