@@ -29,7 +29,7 @@ def get_config():
   c.demo.reading_steps = 100      # repeats the reasoning's moves; the reasoning reads positions off the observation
   c.demo.sft_steps = 350          # then the demonstrations
   c.demo.sft_batch_size = 8
-  c.demo.sft_length_bucket = 64  # each batch pads its examples to one multiple of 64 tokens, not to the longest
+  c.demo.sft_length_bucket = 64   # each batch pads its examples to one multiple of 64 tokens, not to the longest
   c.demo.sft_lr = 3e-3
   c.demo.sft_warmup_steps = 30    # then a constant rate,
   c.demo.sft_decay_steps = 150    # then cosine decay over the last steps

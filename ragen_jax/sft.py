@@ -85,9 +85,10 @@ def fit(config: ModelConfig, params, stages, *, batch_size: int, schedule: optax
   for examples, seq_len, steps in stages:
     tokens, valid, mask = pack_examples(examples, seq_len)
     classes = length_classes(valid, length_bucket)
+    members_of = {width: np.flatnonzero(classes == width) for width in np.unique(classes)}
     for _ in range(steps):
       width = seq_len if length_bucket is None else classes[rng.integers(len(examples))]
-      members = np.flatnonzero(classes == width)
+      members = members_of[width]
       idx = rng.choice(members, size=batch_size, replace=len(members) < batch_size)
       params, opt_state, loss = step_fn(params, opt_state, tokens[idx, :width], valid[idx, :width],
                                         mask[idx, :width])
