@@ -20,7 +20,8 @@ import numpy as np
 import envs
 from ragen_jax import config as config_lib
 from ragen_jax import mesh as mesh_lib
-from ragen_jax.demo.demonstrations import corpus, format_rows, plan_and_reason, solver_policy
+from ragen_jax.demo.demonstrations import (READING_KEYS, corpus, format_rows, plan_and_reason, reading_rates,
+                                           solver_policy)
 from ragen_jax.models import init_params
 from ragen_jax.models.hf_io import export_hf
 from ragen_jax.models.scratch import scratch_config
@@ -133,11 +134,18 @@ def paired_gain(success_before, success_after) -> tuple[float, float]:
   return float(change.mean()), float(change.std(ddof=1) / np.sqrt(change.size))
 
 
+def reading_metrics(env_name, traj, tokenizer) -> dict[str, float]:
+  """`demonstrations.reading_rates` of a validation rollout, as `val/` metrics."""
+  host_traj = jax.tree.map(lambda x: np.asarray(mesh_lib.fetch(x)), traj)
+  return {f"val/{key}": value for key, value in reading_rates(env_name, host_traj, tokenizer).items()}
+
+
 def reinforce(config, env_name, sft_dir, workdir):
   """RL on `env_name` from the SFT model; returns (trainer, validation before RL, final metrics).
 
   The final metrics hold the validation after RL and `val/gain`, `val/gain_se`: the paired change in
-  success over the fixed validation seeds and its standard error.
+  success over the fixed validation seeds and its standard error. Both validations carry `reading_metrics`:
+  how often the reasoning names the observed positions and the answer repeats the reasoning's moves.
   """
   rl_config = copy.deepcopy(config)
   rl_config.env.name = env_name
@@ -145,7 +153,7 @@ def reinforce(config, env_name, sft_dir, workdir):
   rl_config.workdir = workdir
   trainer = Trainer(build_experiment(rl_config))
   before = trainer.validation_rollout()
-  start = rollout_metrics(before, "val")
+  start = rollout_metrics(before, "val") | reading_metrics(env_name, before, trainer.exp.tokenizer)
   log(f"{env_name}: SFT policy validation success {start['val/success']:.3f}; RL for {config.train.iterations} "
       f"iterations ({config.train.env_groups} groups x {config.train.group_size})")
   final = trainer.run()
@@ -153,9 +161,12 @@ def reinforce(config, env_name, sft_dir, workdir):
   # The last iteration validated unless RL stopped early.
   after = trainer.last_validation if "val/success" in final else trainer.validation_rollout()
   gain, gain_se = paired_gain(mesh_lib.fetch(before.success), mesh_lib.fetch(after.success))
-  final |= rollout_metrics(after, "val") | {"val/gain": gain, "val/gain_se": gain_se}
+  final |= (rollout_metrics(after, "val") | reading_metrics(env_name, after, trainer.exp.tokenizer)
+            | {"val/gain": gain, "val/gain_se": gain_se})
   log(f"{env_name}: validation success {start['val/success']:.3f} -> {final['val/success']:.3f}, "
-      f"gain {gain:+.3f} +- {gain_se:.3f} (best {trainer.best_val_success:.3f})")
+      f"gain {gain:+.3f} +- {gain_se:.3f} (best {trainer.best_val_success:.3f}); reasoning names the observed "
+      f"positions in {start['val/positions_read']:.0%} -> {final['val/positions_read']:.0%} of turns, the answer "
+      f"repeats its moves in {start['val/answer_follows_reasoning']:.0%} -> {final['val/answer_follows_reasoning']:.0%}")
   return trainer, start, final
 
 
@@ -170,6 +181,8 @@ def run(config):
     results[name] = {"sft_val_success": start["val/success"], "final_val_success": final["val/success"],
                      "gain": final["val/gain"], "gain_se": final["val/gain_se"],
                      "best_val_success": trainer.best_val_success, "demo_success": demo_success[name],
+                     "reading": {stage: {key: metrics[f"val/{key}"] for key in READING_KEYS}
+                                 for stage, metrics in (("sft", start), ("rl", final))},
                      "final": final}
   with open(os.path.join(config.workdir, "results.json"), "w") as f:
     json.dump(results, f, indent=2)

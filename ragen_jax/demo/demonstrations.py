@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 
 import numpy as np
 
@@ -73,6 +74,45 @@ def plan_and_reason(env_name: str, state, action_names) -> tuple[list[int], str]
     return plan, (f"player ({row}, {col}), goal ({goal_row}, {goal_col}) is {direction_text(goal_row - row, goal_col - col)}, "
                   f"holes near {_cells(near & (desc == 2))}.")
   raise ValueError(f"no demonstrations for environment {env_name!r}")
+
+
+# per environment, (the reasoning's name, the observation's label) of the positions a reply must read
+READ_POSITIONS = {"sokoban": (("player", "Player"), ("box", "Boxes")), "frozenlake": (("player", "Player"), ("goal", "Goal"))}
+READING_KEYS = ("positions_read", "answer_follows_reasoning")  # what `reading_rates` returns
+_COORDINATE = r"\((\d+), (\d+)\)"
+
+
+def reply_checks(env_name: str, observation: str, reply: str) -> tuple[bool, bool]:
+  """(the reasoning names the observation's positions, the answer repeats the reasoning's moves) of one turn.
+
+  The positions are those of `READ_POSITIONS` (the first listed one where the observation lists several);
+  the moves are those after "So:" in the reply format of `reply_text`.
+  """
+  read = True
+  for named, label in READ_POSITIONS[env_name]:
+    shown = re.search(rf"{label}[a-z ]*: {_COORDINATE}", observation)
+    said = re.search(rf"\b{named} {_COORDINATE}", reply)
+    read = read and bool(shown and said and shown.groups() == said.groups())
+  moves = re.search(r"So: (.*?)\.</think><answer>(.*?)</answer>", reply)
+  return read, bool(moves and moves.group(1) == moves.group(2))
+
+
+def reading_rates(env_name: str, traj, tokenizer) -> dict[str, float]:
+  """Shares of the turns in `traj` (host arrays) whose reasoning names the observation's positions
+  (`positions_read`) and whose answer repeats the reasoning's moves (`answer_follows_reasoning`).
+
+  The observation of a turn is the text between the previous reply and this one.
+  """
+  checks = []
+  for b in range(len(traj.num_turns)):
+    previous_end = 0
+    for k in range(int(traj.num_turns[b])):
+      start, end = int(traj.response_start[b, k]), int(traj.response_start[b, k] + traj.response_len[b, k])
+      checks.append(reply_checks(env_name, tokenizer.decode(traj.tokens[b, previous_end:start]),
+                                 tokenizer.decode(traj.tokens[b, start:end])))
+      previous_end = end
+  read, follows = np.mean(np.asarray(checks, bool).reshape(-1, 2), axis=0) if checks else (np.nan, np.nan)
+  return dict(zip(READING_KEYS, (float(read), float(follows))))
 
 
 def reply_text(reasoning: str, move_names) -> str:

@@ -54,17 +54,23 @@ def plot_run(run_dir: str, title: str, baseline: dict[str, float] | None = None)
 def write_report(workdir: str, env_names, results: dict) -> str:
   """Plots every environment's run and writes `workdir/report.md`; returns its path."""
   lines = ["# ragen_jax demo report", "",
-           "| env | solver demos success | after SFT | after RL | gain (± s.e.) | best during RL |",
-           "|---|---|---|---|---|---|"]
+           "| env | solver demos success | after SFT | after RL | gain (± s.e.) | best during RL "
+           "| positions read (SFT → RL) | answer repeats reasoning (SFT → RL) |",
+           "|---|---|---|---|---|---|---|---|"]
   plots = []
   for name in env_names:
     r = results[name]
     plots.append((name, plot_run(os.path.join(workdir, name), f"{name}: SFT warm start + RL with SNR-Aware Filtering",
                                  {"val/success": r["sft_val_success"]})))
     lines.append(f"| {name} | {r['demo_success']:.3f} | {r['sft_val_success']:.3f} | {r['final_val_success']:.3f} | "
-                 f"{r['gain']:+.3f} ± {r['gain_se']:.3f} | {r['best_val_success']:.3f} |")
+                 f"{r['gain']:+.3f} ± {r['gain_se']:.3f} | {r['best_val_success']:.3f} | "
+                 + " | ".join(f"{r['reading']['sft'][key]:.0%} → {r['reading']['rl'][key]:.0%}"
+                              for key in ("positions_read", "answer_follows_reasoning"))
+                 + " |")
   lines += ["", "Validation: the same fixed seeds before and after RL, one sample each at temperature 0.5; the gain's "
-            "standard error is over the per-seed changes in success.",
+            "standard error is over the per-seed changes in success. Positions read: validation turns whose "
+            "reasoning names the observed positions (player and box, or player and goal); answer repeats reasoning: "
+            "turns whose answer is the moves after the reasoning's \"So:\".",
             "Metrics per iteration are in `<env>/metrics.jsonl` and TensorBoard files in `<env>/tensorboard`.", ""]
   for name, plot in plots:
     lines += [f"![{name}]({os.path.relpath(plot, workdir)})", ""]

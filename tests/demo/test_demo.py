@@ -13,8 +13,11 @@ from PIL import Image
 import envs
 from ragen_jax.config import load_config_file
 from ragen_jax.demo.__main__ import paired_gain, run
-from ragen_jax.demo.demonstrations import direction_text, format_rows, plan_and_reason, solver_policy
-from ragen_jax.rollout.episodes import reset_batch, unbatch
+from ragen_jax.demo.demonstrations import (direction_text, format_rows, plan_and_reason, reading_rates, reply_checks,
+                                           solver_policy)
+from ragen_jax.rollout.device import slot_layout
+from ragen_jax.rollout.episodes import RolloutConfig, build_assets, reset_batch, unbatch
+from ragen_jax.rollout.host import host_rollout
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -67,6 +70,44 @@ def test_solver_replies_follow_the_plan_with_the_asked_imperfections(tokenizer, 
       assert moves[0] == names.index("Up"), text  # the habit
     else:
       assert moves[0] != expected[0], text
+
+
+def test_reply_checks_compare_the_reasoning_with_the_observation():
+  observation = "Start: (3, 2)\nGoal: (2, 1)\nPlayer in hole: (1, 0)\nHoles: (1, 0)\n"
+  right = "player (1, 0), goal (2, 1) is 1 down 1 right, holes near none. So: Down || Right.</think><answer>"
+  assert reply_checks("frozenlake", observation, right + "Down || Right</answer>") == (True, True)
+  assert reply_checks("frozenlake", observation, right + "Down</answer>") == (True, False)
+  assert reply_checks("frozenlake", observation, right.replace("goal (2, 1)", "goal (1, 2)") + "Down || Right</answer>") \
+      == (False, True)
+  assert reply_checks("frozenlake", observation, "<answer>Down</answer>") == (False, False)  # no reasoning
+  sokoban = "Targets: (3, 2)\nBoxes: (2, 3)\nPlayer on target: (2, 4)\n"
+  reply = "player (2, 4), box (2, 3), target (3, 2): box goes 1 down 1 left; next push Left. So: Left.</think>"
+  assert reply_checks("sokoban", sokoban, reply + "<answer>Left</answer>") == (True, True)
+  assert reply_checks("sokoban", sokoban, reply.replace("player (2, 4)", "player (2, 2)") + "<answer>Left</answer>") \
+      == (False, True)
+
+
+@pytest.mark.parametrize("reasoning_of", ["own", "other"])
+def test_reading_rates_of_solver_rollouts(tokenizer, reasoning_of):
+  """Every solver turn names its own observation's positions; reasoning about other episodes mostly does not."""
+  env, params = envs.make("frozenlake")
+  names = env.action_names(params)
+  config = RolloutConfig(max_turns=3, max_new_tokens=64)
+  assets = build_assets(tokenizer, env, params, config)
+  solver = solver_policy("frozenlake", names, tokenizer, 64, 2, mistake_rate=0.5, single_move_rate=0.5, seed=0)
+  shift = 0 if reasoning_of == "own" else 1
+
+  def policy(records, active, state, key):  # replies about the state of episode i - shift
+    return solver(records, active, jax.tree.map(lambda x: jnp.roll(x, shift, axis=0), state), key)
+
+  traj = host_rollout(policy, env, params, assets, config, np.arange(16), np.arange(16), jax.random.key(0),
+                      seq_len=slot_layout(assets, config)[2])
+  rates = reading_rates("frozenlake", jax.tree.map(np.asarray, traj), tokenizer)
+  assert rates["answer_follows_reasoning"] == 1.0
+  if reasoning_of == "own":
+    assert rates["positions_read"] == 1.0
+  else:
+    assert rates["positions_read"] < 0.3
 
 
 @pytest.mark.parametrize("observed", [False, True])
@@ -137,6 +178,10 @@ def test_shortened_demo_writes_every_report_file(tmp_path):
   # same seeds before and after: the mean of the per-seed changes is the change of the means
   assert saved["gain"] == pytest.approx(saved["final_val_success"] - saved["sft_val_success"], abs=1e-9)
   assert saved["gain_se"] >= 0.0 and "± " in report
+  for stage in ("sft", "rl"):
+    assert set(saved["reading"][stage]) == {"positions_read", "answer_follows_reasoning"}
+    assert all(0.0 <= v <= 1.0 for v in saved["reading"][stage].values())
+  assert "positions read (SFT → RL)" in report
 
 
 @pytest.mark.parametrize("setting,value,error", [("sft_warmup_steps", 10, "do not fit in 6 steps"),
