@@ -179,7 +179,8 @@ def main():
       pairs = xs.trajectory_pairs(batch, args.samples, jax.random.key(2), window)
     scorer = jax.jit(functools.partial(xs.score_pairs, config, max_reasoning_tokens=args.max_reasoning_tokens,
                                        prompt_window=window, block_tokens=args.block_tokens,
-                                       columns_per_step=args.columns_per_step, rows_per_step=args.rows_per_step or None))
+                                       columns_per_step=args.columns_per_step,
+                                       rows_per_step=args.rows_per_step or None))
     scorer = scorer.lower(params, batch, pairs).compile()
     seconds, (cached, _) = timed(scorer, params, batch, pairs, repeats=args.repeats)
     prefill_only, _ = timed(scorer, params, batch, pairs.replace(row_mask=jnp.zeros_like(pairs.row_mask)),

@@ -166,7 +166,8 @@ def reinforce(config, env_name, sft_dir, workdir):
   log(f"{env_name}: validation success {start['val/success']:.3f} -> {final['val/success']:.3f}, "
       f"gain {gain:+.3f} +- {gain_se:.3f} (best {trainer.best_val_success:.3f}); reasoning names the observed "
       f"positions in {start['val/positions_read']:.0%} -> {final['val/positions_read']:.0%} of turns, the answer "
-      f"repeats its moves in {start['val/answer_follows_reasoning']:.0%} -> {final['val/answer_follows_reasoning']:.0%}")
+      f"repeats its moves in {start['val/answer_follows_reasoning']:.0%} -> "
+      f"{final['val/answer_follows_reasoning']:.0%}")
   return trainer, start, final
 
 

@@ -71,13 +71,15 @@ def plan_and_reason(env_name: str, state, action_names) -> tuple[list[int], str]
       if 0 <= row + dr < desc.shape[0] and 0 <= col + dc < desc.shape[1]:
         near[row + dr, col + dc] = True
     (goal_row, goal_col), = zip(*np.nonzero(desc == 3))
-    return plan, (f"player ({row}, {col}), goal ({goal_row}, {goal_col}) is {direction_text(goal_row - row, goal_col - col)}, "
+    goal_direction = direction_text(goal_row - row, goal_col - col)
+    return plan, (f"player ({row}, {col}), goal ({goal_row}, {goal_col}) is {goal_direction}, "
                   f"holes near {_cells(near & (desc == 2))}.")
   raise ValueError(f"no demonstrations for environment {env_name!r}")
 
 
 # per environment, (the reasoning's name, the observation's label) of the positions a reply must read
-READ_POSITIONS = {"sokoban": (("player", "Player"), ("box", "Boxes")), "frozenlake": (("player", "Player"), ("goal", "Goal"))}
+READ_POSITIONS = {"sokoban": (("player", "Player"), ("box", "Boxes")),
+                  "frozenlake": (("player", "Player"), ("goal", "Goal"))}
 READING_KEYS = ("positions_read", "answer_follows_reasoning")  # what `reading_rates` returns
 _COORDINATE = r"\((\d+), (\d+)\)"
 

@@ -47,7 +47,8 @@ def test_solver_plans_solve_the_level_when_replayed(env_name):
 
 
 def test_direction_text_reads_as_directions():
-  assert direction_text(2, -1) == "2 down 1 left" and direction_text(-1, 0) == "1 up" and direction_text(0, 3) == "3 right"
+  assert direction_text(2, -1) == "2 down 1 left" and direction_text(-1, 0) == "1 up"
+  assert direction_text(0, 3) == "3 right"
   assert direction_text(0, 0) == "here"
 
 
@@ -77,8 +78,8 @@ def test_reply_checks_compare_the_reasoning_with_the_observation():
   right = "player (1, 0), goal (2, 1) is 1 down 1 right, holes near none. So: Down || Right.</think><answer>"
   assert reply_checks("frozenlake", observation, right + "Down || Right</answer>") == (True, True)
   assert reply_checks("frozenlake", observation, right + "Down</answer>") == (True, False)
-  assert reply_checks("frozenlake", observation, right.replace("goal (2, 1)", "goal (1, 2)") + "Down || Right</answer>") \
-      == (False, True)
+  misread = right.replace("goal (2, 1)", "goal (1, 2)")
+  assert reply_checks("frozenlake", observation, misread + "Down || Right</answer>") == (False, True)
   assert reply_checks("frozenlake", observation, "<answer>Down</answer>") == (False, False)  # no reasoning
   sokoban = "Targets: (3, 2)\nBoxes: (2, 3)\nPlayer on target: (2, 4)\n"
   reply = "player (2, 4), box (2, 3), target (3, 2): box goes 1 down 1 left; next push Left. So: Left.</think>"

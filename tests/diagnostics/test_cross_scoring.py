@@ -39,7 +39,8 @@ def random_pairs(rng, vocab=128, num_prompts=5, num_rows=7, window=12, max_token
   reasoning_len = rng.integers(0, max_tokens + 1, num_rows)
   reasoning_len[0] = max_tokens
   prompts = rng.integers(4, vocab, (num_prompts, window))
-  reasoning = np.where(np.arange(max_tokens) < reasoning_len[:, None], rng.integers(4, vocab, (num_rows, max_tokens)), 0)
+  reasoning = np.where(np.arange(max_tokens) < reasoning_len[:, None],
+                       rng.integers(4, vocab, (num_rows, max_tokens)), 0)
   return prompts, prompt_len, reasoning, reasoning_len
 
 

@@ -96,7 +96,8 @@ def test_wrong_shape_is_named(tmp_path):
   config = json.loads((tmp_path / "config.json").read_text())
   config["intermediate_size"] = 100
   (tmp_path / "config.json").write_text(json.dumps(config))
-  with pytest.raises(CheckpointError, match=r"'model.layers.0.mlp.down_proj.weight' has shape \(64, 96\), expected \(64, 100\)"):
+  expected = r"'model.layers.0.mlp.down_proj.weight' has shape \(64, 96\), expected \(64, 100\)"
+  with pytest.raises(CheckpointError, match=expected):
     load_pretrained(tmp_path)
 
 
