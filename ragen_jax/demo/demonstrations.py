@@ -113,8 +113,8 @@ def reading_rates(env_name: str, traj, tokenizer) -> dict[str, float]:
       checks.append(reply_checks(env_name, tokenizer.decode(traj.tokens[b, previous_end:start]),
                                  tokenizer.decode(traj.tokens[b, start:end])))
       previous_end = end
-  read, follows = np.mean(np.asarray(checks, bool).reshape(-1, 2), axis=0) if checks else (np.nan, np.nan)
-  return dict(zip(READING_KEYS, (float(read), float(follows))))
+  rates = np.mean(checks, axis=0) if checks else (np.nan, np.nan)
+  return dict(zip(READING_KEYS, map(float, rates)))
 
 
 def reply_text(reasoning: str, move_names) -> str:

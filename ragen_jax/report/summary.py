@@ -64,8 +64,7 @@ def write_report(workdir: str, env_names, results: dict) -> str:
                                  {"val/success": r["sft_val_success"]})))
     lines.append(f"| {name} | {r['demo_success']:.3f} | {r['sft_val_success']:.3f} | {r['final_val_success']:.3f} | "
                  f"{r['gain']:+.3f} ± {r['gain_se']:.3f} | {r['best_val_success']:.3f} | "
-                 + " | ".join(f"{r['reading']['sft'][key]:.0%} → {r['reading']['rl'][key]:.0%}"
-                              for key in ("positions_read", "answer_follows_reasoning"))
+                 + " | ".join(f"{sft:.0%} → {r['reading']['rl'][key]:.0%}" for key, sft in r["reading"]["sft"].items())
                  + " |")
   lines += ["", "Validation: the same fixed seeds before and after RL, one sample each at temperature 0.5; the gain's "
             "standard error is over the per-seed changes in success. Positions read: validation turns whose "
