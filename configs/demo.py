@@ -26,7 +26,7 @@ def get_config():
   c.demo.num_kv_heads = 2
   c.demo.sft_episodes = 512       # per environment
   c.demo.copy_steps = 100         # first SFT stages, on replies with random moves (docs/results.md): the answer
-  c.demo.reading_steps = 100      # repeats the reasoning's moves; the reasoning reads positions off the observation
+  c.demo.reading_steps = 200      # repeats the reasoning's moves; the reasoning reads positions off the observation
   c.demo.sft_steps = 350          # then the demonstrations
   c.demo.sft_batch_size = 8
   c.demo.sft_length_bucket = 64   # each batch pads its examples to one multiple of 64 tokens, not to the longest

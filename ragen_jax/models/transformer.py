@@ -190,7 +190,11 @@ def cached_attention(q_BTNH, cache_k, cache_v, layer, mask_BTS, key_end, block: 
 
 
 class Block(nn.Module):
-  """Pre-norm attention + SwiGLU block; scanned over layers."""
+  """Pre-norm attention + SwiGLU block; scanned over layers.
+
+  The projections run on [B * T, D] rows: their weight gradients are then plain matmuls, where
+  [B, T, D] inputs (two contracting dims) made XLA:CPU transpose whole activations in the backward.
+  """
 
   config: ModelConfig
 
@@ -204,7 +208,7 @@ class Block(nn.Module):
     b, t, _ = x_BTD.shape
     inv_freq = rope_inv_freq(cfg)
 
-    y = RMSNorm(cfg.rms_norm_eps, cfg.weight_dtype, name="input_layernorm")(x_BTD)
+    y = RMSNorm(cfg.rms_norm_eps, cfg.weight_dtype, name="input_layernorm")(x_BTD).reshape(b * t, -1)
     q = _dense(n * h, ("embed", "heads"), cfg, "q_proj", cfg.attention_bias)(y).reshape(b, t, n, h)
     k = _dense(kv * h, ("embed", "kv_heads"), cfg, "k_proj", cfg.attention_bias)(y).reshape(b, t, kv, h)
     v = _dense(kv * h, ("embed", "kv_heads"), cfg, "v_proj", cfg.attention_bias)(y).reshape(b, t, kv, h)
@@ -222,14 +226,14 @@ class Block(nn.Module):
       cache_v = jax.lax.dynamic_update_slice(cache_v, v[None].astype(cache_v.dtype), start)
       cache_kv = (cache_k, cache_v)
       out = cached_attention(q, cache_k, cache_v, layer, mask_BTS, write_index + t)
-    out = _dense(cfg.hidden_size, ("heads", "embed"), cfg, "o_proj")(out.reshape(b, t, n * h))
+    out = _dense(cfg.hidden_size, ("heads", "embed"), cfg, "o_proj")(out.reshape(b * t, n * h)).reshape(b, t, -1)
     x_BTD = constrain(x_BTD + out, ("batch", "length", "act_embed"))
 
-    y = RMSNorm(cfg.rms_norm_eps, cfg.weight_dtype, name="post_attention_layernorm")(x_BTD)
+    y = RMSNorm(cfg.rms_norm_eps, cfg.weight_dtype, name="post_attention_layernorm")(x_BTD).reshape(b * t, -1)
     gate = _dense(cfg.intermediate_size, ("embed", "mlp"), cfg, "gate_proj")(y)
     up = _dense(cfg.intermediate_size, ("embed", "mlp"), cfg, "up_proj")(y)
-    hidden = constrain(nn.silu(gate) * up, ("batch", "length", "act_mlp"))
-    x_BTD = x_BTD + _dense(cfg.hidden_size, ("mlp", "embed"), cfg, "down_proj")(hidden)
+    hidden = constrain(nn.silu(gate) * up, ("batch", "act_mlp"))  # rows: batch x length
+    x_BTD = x_BTD + _dense(cfg.hidden_size, ("mlp", "embed"), cfg, "down_proj")(hidden).reshape(b, t, -1)
     return (constrain(x_BTD, ("batch", "length", "act_embed")), cache_kv), None
 
 
@@ -302,10 +306,12 @@ class Transformer(nn.Module):
 
   def lm_logits(self, hidden_BTD):
     """float32 logits [B, T, V]."""
+    hidden_ND = hidden_BTD.reshape(-1, hidden_BTD.shape[-1])
     if self.config.tie_word_embeddings:
-      logits = self.embed_tokens.attend(hidden_BTD)
+      logits = self.embed_tokens.attend(hidden_ND)
     else:
-      logits = self.lm_head(hidden_BTD)
+      logits = self.lm_head(hidden_ND)
+    logits = logits.reshape(*hidden_BTD.shape[:-1], -1)
     return constrain(logits.astype(jnp.float32), ("batch", "length", "act_vocab"))
 
   def values(self, hidden_BTD):

@@ -21,11 +21,15 @@ def token_logp_and_entropy(config: ModelConfig, params, tokens_BT, valid_BT, seg
   module = Transformer(config)
   hidden, _ = module.apply({"params": params}, tokens_BT, valid_BT, segment_BT=segment_BT,
                            visible_from_BT=visible_from_BT)
-  logits = module.apply({"params": params}, hidden, method="lm_logits")
-  logp_BTV = jax.nn.log_softmax(logits, axis=-1)
-  next_logp = jnp.take_along_axis(logp_BTV[:, :-1], tokens_BT[:, 1:, None], axis=-1)[..., 0]
-  entropy = -jnp.sum(jnp.exp(logp_BTV) * logp_BTV, axis=-1)
-  return jnp.pad(next_logp, ((0, 0), (1, 0))), _shift_right(entropy)
+  logits_BTV = module.apply({"params": params}, hidden, method="lm_logits")
+  log_normalizer_BT = jax.nn.logsumexp(logits_BTV, axis=-1)
+  next_tokens_BT = jnp.pad(tokens_BT[:, 1:], ((0, 0), (0, 1)))
+  # The next token's logit by a one-hot select: its gradient is elementwise, where a gather's is a scatter.
+  is_next_BTV = next_tokens_BT[..., None] == jnp.arange(logits_BTV.shape[-1])
+  next_logp = jnp.sum(jnp.where(is_next_BTV, logits_BTV, 0.0), axis=-1) - log_normalizer_BT
+  probs_BTV = jnp.exp(logits_BTV - log_normalizer_BT[..., None])
+  entropy = log_normalizer_BT - jnp.sum(probs_BTV * logits_BTV, axis=-1)
+  return _shift_right(next_logp), _shift_right(entropy)
 
 
 def token_values(config: ModelConfig, critic_params, tokens_BT, valid_BT, segment_BT=None, visible_from_BT=None):

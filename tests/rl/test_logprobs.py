@@ -1,0 +1,49 @@
+"""Teacher-forced log-probs, entropies and their gradients against transformers' PyTorch models."""
+
+import jax
+import numpy as np
+import pytest
+import torch
+
+from ragen_jax.models import load_pretrained
+from ragen_jax.rl.logprobs import token_logp_and_entropy
+from ragen_jax.sft import sft_loss
+from tests.models.hf_fixtures import save_hf_model
+
+
+def _tokens_and_masks(vocab, batch=3, length=19):
+  rng = np.random.default_rng(1)
+  tokens = rng.integers(0, vocab, (batch, length)).astype(np.int32)
+  valid = np.ones_like(tokens, bool)
+  valid[1, :4] = False  # a left-padded row
+  loss_mask = valid & (rng.random(tokens.shape) < 0.6)
+  loss_mask[:, 0] = False
+  loss_mask[:, 1:] &= valid[:, :-1]  # each scored token predicted from a real one
+  return tokens, valid, loss_mask
+
+
+@pytest.mark.parametrize("variant", ["llama_tied_mha", "qwen2_bias"])
+def test_logp_entropy_and_loss_gradient_match_torch(variant, tmp_path):
+  hf_model = save_hf_model(variant, tmp_path)
+  model = load_pretrained(tmp_path)
+  tokens, valid, loss_mask = _tokens_and_masks(model.config.vocab_size)
+
+  logp, entropy = token_logp_and_entropy(model.config, model.params, tokens, valid)
+  logits = hf_model(torch.tensor(tokens, dtype=torch.long), attention_mask=torch.tensor(valid.astype(np.int64))).logits
+  ref_logp_all = torch.log_softmax(logits, -1)
+  ref_logp = ref_logp_all[:, :-1].gather(-1, torch.tensor(tokens[:, 1:, None], dtype=torch.long))[..., 0]
+  ref_entropy = -(ref_logp_all.exp() * ref_logp_all).sum(-1)[:, :-1]
+  rows = valid[:, :-1]  # predictions made from a real token
+  np.testing.assert_allclose(np.asarray(logp)[:, 1:][rows], ref_logp.detach().numpy()[rows], atol=2e-5, rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(entropy)[:, 1:][rows], ref_entropy.detach().numpy()[rows], atol=2e-5,
+                             rtol=1e-5)
+  assert np.all(np.asarray(logp)[:, 0] == 0) and np.all(np.asarray(entropy)[:, 0] == 0)
+
+  # The gradient of the masked mean NLL (the SFT loss) with respect to two weights.
+  grads = jax.grad(sft_loss, argnums=1)(model.config, model.params, tokens, valid, loss_mask)
+  mask = torch.tensor(loss_mask[:, 1:])
+  (-(ref_logp * mask).sum() / mask.sum()).backward()
+  gate_ref = hf_model.model.layers[1].mlp.gate_proj.weight.grad.numpy().T
+  np.testing.assert_allclose(np.asarray(grads["layers"]["gate_proj"]["kernel"][1]), gate_ref, atol=1e-6, rtol=1e-4)
+  embed_ref = hf_model.model.embed_tokens.weight.grad.numpy()
+  np.testing.assert_allclose(np.asarray(grads["embed_tokens"]["embedding"]), embed_ref, atol=1e-6, rtol=1e-4)
