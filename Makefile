@@ -28,10 +28,8 @@ demo: install
 compare: install
 	$(PYTHON) -m ragen_jax.demo.compare
 
-# Two workers (the suite is mostly single-threaded compilation), each taking one test at a time from an order
-# that puts the long ones first (tests/conftest.py), so both finish together.
 test: install-test
-	$(PYTHON) -m pytest -q -n 2 --maxschedchunk 1 tests
+	$(PYTHON) -m pytest -q -n 2 tests  # two workers: much of the suite is single-threaded compilation
 
 bench: install-test
 	$(PYTHON) bench/run_all.py

@@ -26,13 +26,6 @@ from ragen_jax.sampling import SamplingRule
 from ragen_jax.sft import fit, lr_schedule
 
 
-def pytest_collection_modifyitems(items):
-  """Tests marked `heavy` run first. With `make test`'s `-n 2 --maxschedchunk 1` the workers take one test
-  at a time from this order, so the long ones spread over both workers and the short ones fill in at the end,
-  instead of one worker finishing while the other starts its last long test."""
-  items.sort(key=lambda item: item.get_closest_marker("heavy") is None)
-
-
 @pytest.fixture(scope="session", autouse=True)
 def compilation_cache(tmp_path_factory):
   """One persistent XLA compilation cache per test run, shared by the xdist workers: the many tests that

@@ -38,7 +38,6 @@ def test_entry_point_rejects_wrong_type():
   assert "Traceback" not in result.stderr
 
 
-@pytest.mark.heavy
 def test_override_applies(tmp_path):
   result = _run_chat("--config.max_new_tokens=2", "--config.prompt=Say hi")
   assert result.returncode == 0, result.stderr

@@ -23,7 +23,6 @@ def test_pass_at_k_equals_enumeration_over_subsets(n, k):
     evaluate.pass_at_k(successes, n + 1)
 
 
-@pytest.mark.heavy
 def test_evaluate_writes_json_and_table(replying_model_dir, tmp_path):
   config = load_config_file(os.path.join(ROOT, "configs/tiny_test.py"))
   config.model.path = str(replying_model_dir)

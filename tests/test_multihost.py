@@ -79,7 +79,6 @@ def _without_times(metrics: dict) -> dict:
   return {k: v for k, v in metrics.items() if not k.startswith("time/")}
 
 
-@pytest.mark.heavy
 def test_two_processes_train_and_resume_like_one_process_with_two_devices(replying_model_dir, tmp_path):
   workers = _start_two_processes(replying_model_dir, tmp_path / "two", RUN)
   try:

@@ -12,8 +12,6 @@ from ragen_jax.config import load_config_file
 from ragen_jax.report.writer import read_metrics
 from ragen_jax.train import Trainer, build_experiment, train
 
-pytestmark = pytest.mark.heavy  # every test here builds and compiles a trainer
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -5,7 +5,6 @@ import os
 
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from envs.host import make_text_env
 from ragen_jax.config import load_config_file
@@ -18,7 +17,6 @@ from ragen_jax.train import Trainer, build_experiment
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.heavy
 def test_countdown_host_path_training(tmp_path):
   data_dir = str(tmp_path / "tfds")
   env_params = {"data_dir": data_dir, "train_size": 32, "validation_size": 8}

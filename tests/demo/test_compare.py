@@ -34,7 +34,6 @@ def _pixels_near(image, color: str) -> int:
   return int(np.sum(np.all(np.abs(image.astype(int) - rgb) < 20, axis=-1)))
 
 
-@pytest.mark.heavy
 def test_shortened_compare_writes_every_output(tmp_path):
   config = shortened("compare", tmp_path)
   config.compare.seeds = 2

@@ -65,7 +65,6 @@ def budget(replying_model, sokoban, assets, greedy_config):
   return (low + high) // 2
 
 
-@pytest.mark.heavy
 @pytest.mark.parametrize("mode", ["limited_multi_turn", "single_turn", "token_budget"])
 def test_windows_follow_the_rule_and_both_paths_agree(mode, request, replying_model, sokoban, assets, greedy_config):
   if mode == "single_turn":

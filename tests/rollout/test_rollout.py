@@ -28,7 +28,6 @@ def both_paths(replying_model, sokoban, assets, greedy_config):
   return jax.device_get(device), jax.device_get(host)
 
 
-@pytest.mark.heavy
 def test_device_and_host_paths_give_identical_greedy_trajectories(both_paths):
   device, host = both_paths
   for field in dataclasses.fields(device):
@@ -42,7 +41,6 @@ def test_device_and_host_paths_give_identical_greedy_trajectories(both_paths):
   assert (device.num_turns == 3).all() and (device.reasoning_len[:, 0] > 0).all()
 
 
-@pytest.mark.heavy
 def test_conversation_matches_the_reference_layout(both_paths, tokenizer, sokoban, greedy_config):
   device, _ = both_paths
   env, env_params = sokoban
