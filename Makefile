@@ -28,10 +28,8 @@ demo: install
 compare: install
 	$(PYTHON) -m ragen_jax.demo.compare
 
-# Two workers (the suite is mostly single-threaded compilation), each running whole files: the tests of a file
-# build the same programs, so the second one finds them compiled (in memory or in the tests' XLA cache).
 test: install-test
-	$(PYTHON) -m pytest -q -n 2 --dist loadfile tests
+	$(PYTHON) -m pytest -q -n 2 tests  # two workers: much of the suite is single-threaded compilation
 
 bench: install-test
 	$(PYTHON) bench/run_all.py
