@@ -7,6 +7,7 @@ import jax.numpy as jnp
 
 from ragen_jax.models.config import ModelConfig
 from ragen_jax.models.transformer import Transformer
+from ragen_jax.rl.losses import token_entropy
 
 
 def _shift_right(x_BT, fill=0.0):
@@ -27,9 +28,7 @@ def token_logp_and_entropy(config: ModelConfig, params, tokens_BT, valid_BT, seg
   # The next token's logit by a one-hot select: its gradient is elementwise, where a gather's is a scatter.
   is_next_BTV = next_tokens_BT[..., None] == jnp.arange(logits_BTV.shape[-1])
   next_logp = jnp.sum(jnp.where(is_next_BTV, logits_BTV, 0.0), axis=-1) - log_normalizer_BT
-  probs_BTV = jnp.exp(logits_BTV - log_normalizer_BT[..., None])
-  entropy = log_normalizer_BT - jnp.sum(probs_BTV * logits_BTV, axis=-1)
-  return _shift_right(next_logp), _shift_right(entropy)
+  return _shift_right(next_logp), _shift_right(token_entropy(logits_BTV))
 
 
 def token_values(config: ModelConfig, critic_params, tokens_BT, valid_BT, segment_BT=None, visible_from_BT=None):

@@ -78,9 +78,11 @@ def kl_penalty(logp_BT: jax.Array, ref_logp_BT: jax.Array, estimator: str = "low
 
 
 def token_entropy(logits_BTV: jax.Array) -> jax.Array:
-  """Entropy of softmax(logits) at every position, float32[B, T]."""
-  logp_BTV = jax.nn.log_softmax(logits_BTV.astype(jnp.float32), axis=-1)
-  return -jnp.sum(jnp.exp(logp_BTV) * logp_BTV, axis=-1)
+  """Entropy of softmax(logits) at every position, float32[B, T], as log Z - sum(p * logits)."""
+  logits_BTV = logits_BTV.astype(jnp.float32)
+  log_normalizer_BT = jax.nn.logsumexp(logits_BTV, axis=-1)
+  probs_BTV = jnp.exp(logits_BTV - log_normalizer_BT[..., None])
+  return log_normalizer_BT - jnp.sum(probs_BTV * logits_BTV, axis=-1)
 
 
 def policy_loss(logp_BT: jax.Array, old_logp_BT: jax.Array, advantages_BT: jax.Array, mask_BT: jax.Array,
