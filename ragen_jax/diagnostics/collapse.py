@@ -159,9 +159,12 @@ def make_diagnostics_fn(model_config: ModelConfig, cfg: CollapseConfig, num_grou
       raise ValueError(f"batch has {batch.batch_size} episodes, diagnostics expect {num_groups} × {group_size}")
     emas = state["zscore_ema"]
     args = (policy_params, emas, batch, old_logp_BT, key)
-    skipped = _zeros_like_tree(jax.eval_shape(compute, *args)[1])
-    emas, metrics = jax.lax.cond(state["step"] % cfg.compute_freq == 0, compute,
-                                 lambda _, emas, *rest: (emas, skipped), *args)
+    if cfg.compute_freq == 1:  # every step: no skip branch to trace and compile
+      emas, metrics = compute(*args)
+    else:
+      skipped = _zeros_like_tree(jax.eval_shape(compute, *args)[1])
+      emas, metrics = jax.lax.cond(state["step"] % cfg.compute_freq == 0, compute,
+                                   lambda _, emas, *rest: (emas, skipped), *args)
     new_state = {"step": state["step"] + 1, "zscore_ema": emas}
     return new_state, _entropy_metrics(batch, entropy_BT) | metrics
 

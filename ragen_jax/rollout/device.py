@@ -35,16 +35,25 @@ def _write(buffer_BS, values_BT, offset):
   return jax.lax.dynamic_update_slice(buffer_BS, values_BT.astype(buffer_BS.dtype), (0, offset))
 
 
-@functools.partial(jax.jit, static_argnames=("model_config", "env", "config"))
 def device_rollout(model_config: ModelConfig, params, env, env_params, assets: RolloutAssets, config: RolloutConfig,
                    seeds_B, group_ids_B, key) -> Trajectories:
-  """Plays B episodes (env seeds `seeds_B`) to the end on device and returns them packed."""
-  batch, n_new, n_turns = seeds_B.shape[0], config.max_new_tokens, config.max_turns
+  """Plays B episodes (env seeds `seeds_B`) to the end on device and returns them packed.
+
+  The reset is a jit of its own, so rollouts of other models or settings reuse its compilation.
+  """
+  return play_episodes(model_config, params, env, env_params, assets, config, reset_batch(env, env_params, seeds_B),
+                       group_ids_B, key)
+
+
+@functools.partial(jax.jit, static_argnames=("model_config", "env", "config"))
+def play_episodes(model_config: ModelConfig, params, env, env_params, assets: RolloutAssets, config: RolloutConfig,
+                  env_state_B, group_ids_B, key) -> Trajectories:
+  """Plays B episodes from their first env states to the end on device and returns them packed."""
+  batch, n_new, n_turns = group_ids_B.shape[0], config.max_new_tokens, config.max_turns
   first_len, chunk_len, n_slots = slot_layout(assets, config)
   render = functools.partial(render_batch, env, env_params, assets.observation)
 
-  env_state = reset_batch(env, env_params, seeds_B)
-  obs_ids, obs_len = render(env_state)
+  obs_ids, obs_len = render(env_state_B)
   actions_left = jnp.full((batch,), config.max_actions_per_traj, jnp.int32)
   chunk, chunk_valid = jax.vmap(prompt.first_chunk, in_axes=(None, 0, 0, 0))(assets.turns, obs_ids, obs_len,
                                                                           actions_left)
@@ -56,7 +65,7 @@ def device_rollout(model_config: ModelConfig, params, env, env_params, assets: R
   segment = jnp.broadcast_to(prompt.chunk_segments(assets.turns, first_len, 0), chunk.shape)
   window_BT = jnp.broadcast_to(window[:, None], chunk.shape)
   carry = dict(
-      sampler=prefill(model_config, params, chunk, chunk_valid, n_slots, segment, window_BT), env_state=env_state,
+      sampler=prefill(model_config, params, chunk, chunk_valid, n_slots, segment, window_BT), env_state=env_state_B,
       done=jnp.zeros((batch,), bool), actions_left=actions_left, reward=jnp.zeros((batch,), jnp.float32),
       ended_by_eos=jnp.zeros((batch,), bool), num_turns=jnp.zeros((batch,), jnp.int32),
       num_actions=jnp.zeros((batch,), jnp.int32),
@@ -99,9 +108,8 @@ def device_rollout(model_config: ModelConfig, params, env, env_params, assets: R
             "turn_rewards": at_turn(c["turn_rewards"], jnp.where(active, outcome.reward, 0.0)),
             "format_ok": at_turn(c["format_ok"], outcome.format_ok)}
 
-  def next_turn(c, turn_and_key):
-    turn, turn_key = turn_and_key
-    offset = first_len + turn * (chunk_len + n_new)
+  def next_chunk(c, turn, offset):
+    """Appends turn `turn`'s prompt chunk (observation, reward, reminders) before its reply at `offset`."""
     active = ~c["done"]
     obs_ids, obs_len = render(c["env_state"])
     chunk, chunk_valid = jax.vmap(prompt.turn_chunk, in_axes=(None, 0, 0, None, 0, 0, 0))(
@@ -111,18 +119,21 @@ def device_rollout(model_config: ModelConfig, params, env, env_params, assets: R
     window = windows(turn, c["turn_tokens"], chunk_tokens, system_tokens)
     segment = jnp.where(chunk_valid, turn + 1, 0)
     window_BT = jnp.where(chunk_valid, window[:, None], 0)
-    c = {**c, "sampler": extend(model_config, params, c["sampler"], chunk, chunk_valid, segment, window_BT),
-         "tokens": _write(c["tokens"], jnp.where(chunk_valid, chunk, 0), offset - chunk_len),
-         "valid": _write(c["valid"], chunk_valid, offset - chunk_len),
-         "segment": _write(c["segment"], segment, offset - chunk_len),
-         "visible_from": _write(c["visible_from"], window_BT, offset - chunk_len),
-         "window": window, "turn_tokens": c["turn_tokens"].at[:, turn].set(chunk_tokens),
-         "turn_of_token": _write(c["turn_of_token"], jnp.where(chunk_valid, turn, -1), offset - chunk_len)}
+    return {**c, "sampler": extend(model_config, params, c["sampler"], chunk, chunk_valid, segment, window_BT),
+            "tokens": _write(c["tokens"], jnp.where(chunk_valid, chunk, 0), offset - chunk_len),
+            "valid": _write(c["valid"], chunk_valid, offset - chunk_len),
+            "segment": _write(c["segment"], segment, offset - chunk_len),
+            "visible_from": _write(c["visible_from"], window_BT, offset - chunk_len),
+            "window": window, "turn_tokens": c["turn_tokens"].at[:, turn].set(chunk_tokens),
+            "turn_of_token": _write(c["turn_of_token"], jnp.where(chunk_valid, turn, -1), offset - chunk_len)}
+
+  def turn_step(c, turn_and_key):
+    turn, turn_key = turn_and_key
+    offset = first_len + turn * (chunk_len + n_new)
+    c = jax.lax.cond(turn > 0, next_chunk, lambda c, *_: c, c, turn, offset)  # turn 0's chunk is the prefill
     return play_turn(c, turn, offset, turn_key), None
 
-  turn_keys = jax.random.split(key, n_turns)
-  carry = play_turn(carry, 0, first_len, turn_keys[0])
-  carry, _ = jax.lax.scan(next_turn, carry, (jnp.arange(1, n_turns), turn_keys[1:]))
+  carry, _ = jax.lax.scan(turn_step, carry, (jnp.arange(n_turns), jax.random.split(key, n_turns)))
   return _finish(carry, carry["env_state"].success, group_ids_B)
 
 
