@@ -76,6 +76,7 @@ def test_trailing_padding_does_not_change_the_loss(tokenizer):
   params = init_params(config, jax.random.key(1))
   ids = tokenizer.encode("<think>Up</think><answer>Up || Left</answer>")
   tokens, valid, mask = pack_examples([(ids, [False, True] * (len(ids) // 2) + [True] * (len(ids) % 2))] * 2, 128)
-  short, full = sft_loss(config, params, tokens[:, :64], valid[:, :64], mask[:, :64]), sft_loss(
-      config, params, tokens, valid, mask)
+  loss = jax.jit(sft_loss, static_argnums=0)
+  short, full = loss(config, params, tokens[:, :64], valid[:, :64], mask[:, :64]), loss(config, params, tokens, valid,
+                                                                                         mask)
   assert float(full) > 0.0 and float(short) == pytest.approx(float(full), rel=1e-5)
