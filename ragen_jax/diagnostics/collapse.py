@@ -90,6 +90,15 @@ def _zeros_like_tree(shapes):
   return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
 
+def _every_nth_step(freq: int, step, fn, skip, *args):
+  """fn(*args) when `step % freq == 0`, else skip(fn's output shapes, *args); at freq 1, fn alone (no skip
+  branch to trace and compile)."""
+  if freq == 1:
+    return fn(*args)
+  shapes = jax.eval_shape(fn, *args)
+  return jax.lax.cond(step % freq == 0, fn, lambda *a: skip(shapes, *a), *args)
+
+
 def _entropy_metrics(batch: Trajectories, entropy_BT: jax.Array) -> dict[str, jax.Array]:
   """Policy token entropy on reasoning tokens (an H(Z|X) estimate) and on whole responses,
   plus the share of turns with valid reasoning."""
@@ -159,12 +168,8 @@ def make_diagnostics_fn(model_config: ModelConfig, cfg: CollapseConfig, num_grou
       raise ValueError(f"batch has {batch.batch_size} episodes, diagnostics expect {num_groups} × {group_size}")
     emas = state["zscore_ema"]
     args = (policy_params, emas, batch, old_logp_BT, key)
-    if cfg.compute_freq == 1:  # every step: no skip branch to trace and compile
-      emas, metrics = compute(*args)
-    else:
-      skipped = _zeros_like_tree(jax.eval_shape(compute, *args)[1])
-      emas, metrics = jax.lax.cond(state["step"] % cfg.compute_freq == 0, compute,
-                                   lambda _, emas, *rest: (emas, skipped), *args)
+    emas, metrics = _every_nth_step(cfg.compute_freq, state["step"], compute,
+                                    lambda shapes, _, emas, *rest: (emas, _zeros_like_tree(shapes[1])), *args)
     new_state = {"step": state["step"] + 1, "zscore_ema": emas}
     return new_state, _entropy_metrics(batch, entropy_BT) | metrics
 
@@ -249,7 +254,6 @@ def make_grad_analysis_fn(model_config: ModelConfig, cfg: CollapseConfig, loss_c
     if loss_cfg.use_kl_loss and ref_logp_BT is None:
       raise ValueError("the KL term's gradient needs ref_logp_BT (use_kl_loss is on)")
     args = (policy_params, batch, old_logp_BT, advantages_BT, loss_mask_BT, ref_logp_BT, scores_G)
-    skipped = _zeros_like_tree(jax.eval_shape(analyse, *args))
-    return jax.lax.cond(step % cfg.compute_freq == 0, analyse, lambda *_: skipped, *args)
+    return _every_nth_step(cfg.compute_freq, step, analyse, lambda shapes, *_: _zeros_like_tree(shapes), *args)
 
   return grad_analysis
