@@ -213,6 +213,31 @@ def rollout_metrics(traj: Trajectories, prefix: str) -> dict[str, float]:
           f"{prefix}/valid_thinking_rate": float(np.sum(t["reasoning_len"] > 0) / played)}
 
 
+_UPDATE_PHASES: dict = {}  # what the jitted phases depend on -> (score, diagnose, learn)
+
+
+def _update_phases(exp: Experiment, state_shardings):
+  """The jitted score, diagnose and learn phases of `exp`'s update.
+
+  Trainers of one process whose phases would be the same programs share one set of jits (a resumed run, the
+  seeds of `make compare`), so each program is traced and compiled once per process.
+  """
+  shardings, tree = jax.tree.flatten(state_shardings)
+  key = (exp.model.config, exp.update_config, exp.collapse, exp.config.train.to_json(), tree, tuple(shardings))
+  if key not in _UPDATE_PHASES:
+    update_cfg = exp.update_config
+    diagnostics_fn = make_diagnostics_fn(exp.model.config, exp.collapse, update_cfg.num_groups, update_cfg.group_size)
+    grad_analysis_fn = make_grad_analysis_fn(exp.model.config, exp.collapse, update_cfg.algorithm.loss,
+                                             update_cfg.num_groups, update_cfg.micro_batch_size)
+    update = make_update_fn(exp.model.config, update_cfg, exp.policy_tx, exp.critic_tx, diagnostics_fn,
+                            grad_analysis_fn)
+    _UPDATE_PHASES[key] = (
+        jax.jit(update.score),
+        jax.jit(update.diagnose, out_shardings=(state_shardings, None), donate_argnums=(0,)),
+        jax.jit(update.learn, out_shardings=(state_shardings, None), donate_argnums=(0,)))
+  return _UPDATE_PHASES[key]
+
+
 class Trainer:
   """Owns the jitted functions and runs the loop; `run()` returns the final metrics."""
 
@@ -222,16 +247,7 @@ class Trainer:
     self.is_main = jax.process_index() == 0
     self.state = initial_state(exp)
     self.ref_params = exp.model.params if exp.update_config.algorithm.loss.use_kl_loss else None
-    state_shardings = jax.tree.map(lambda x: x.sharding, self.state)
-    update_cfg = exp.update_config
-    diagnostics_fn = make_diagnostics_fn(exp.model.config, exp.collapse, update_cfg.num_groups, update_cfg.group_size)
-    grad_analysis_fn = make_grad_analysis_fn(exp.model.config, exp.collapse, update_cfg.algorithm.loss,
-                                             update_cfg.num_groups, update_cfg.micro_batch_size)
-    update = make_update_fn(exp.model.config, update_cfg, exp.policy_tx, exp.critic_tx, diagnostics_fn,
-                            grad_analysis_fn)
-    self._score = jax.jit(update.score)
-    self._diagnose = jax.jit(update.diagnose, out_shardings=(state_shardings, None), donate_argnums=(0,))
-    self._learn = jax.jit(update.learn, out_shardings=(state_shardings, None), donate_argnums=(0,))
+    self._score, self._diagnose, self._learn = _update_phases(exp, jax.tree.map(lambda x: x.sharding, self.state))
     self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"), exp.config.train.checkpoint_every,
                                      exp.config.train.max_to_keep)
     self.iteration = 0

@@ -54,6 +54,7 @@ def test_resume_reproduces_the_uninterrupted_run(replying_model_dir, tmp_path):
   first.run(1)
   first.checkpointer.close()
   resumed = Trainer(build_experiment(interrupted_cfg))
+  assert resumed._learn is first._learn and resumed._score is straight._score  # one trace and compile per process
   assert resumed.try_resume() and resumed.iteration == 1
   resumed.run(2)
   a, b = read_metrics(str(tmp_path / "a"))[-1], read_metrics(str(tmp_path / "b"))[-1]
@@ -83,7 +84,7 @@ def test_broken_latest_checkpoint_falls_back_to_the_previous(replying_model_dir,
 # The collapse diagnostics run sharded in one of the two (their numbers: tests/diagnostics/test_cross_scoring.py).
 @pytest.mark.parametrize("preset,diagnostics", [("ppo", True), ("grpo", False)])
 def test_sharded_update_equals_single_device(replying_model_dir, tmp_path, preset, diagnostics):
-  results = []
+  results, learn_fns = [], set()
   for shape in ((1, 1, 1), (2, 2, 2)):
     config = _config(replying_model_dir, tmp_path / str(shape), **{"algorithm.preset": preset,
                                                                    "filter.enabled": False,
@@ -94,6 +95,8 @@ def test_sharded_update_equals_single_device(replying_model_dir, tmp_path, prese
     assert trainer.exp.mesh.size == np.prod(shape)
     metrics = trainer.train_iteration()
     results.append((metrics, jax.device_get(trainer.state.policy)))
+    learn_fns.add(trainer._learn)
+  assert len(learn_fns) == 2  # other shardings: the trainers share no jitted phase
   (m1, p1), (m8, p8) = results
   assert m1["train/score"] == m8["train/score"]
   for key in ("update/pg_loss", "update/grad_norm", "update/policy_entropy"):

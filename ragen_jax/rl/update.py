@@ -4,8 +4,9 @@
 made of three pure phases (score, diagnose, learn) that the trainer jits and
 times separately, with explicit shardings and the state donated. Everything
 runs on static shapes: SNR-Aware Filtering produces a group mask, kept episodes
-are ordered first, and mini/micro-batches with nothing kept are skipped with
-`lax.cond` (so filtering saves compute without recompiling).
+are ordered first, micro-batches with nothing kept are skipped with `lax.cond`
+(so filtering saves compute without recompiling), and so is the optimizer step
+of a mini-batch with nothing kept.
 """
 
 from __future__ import annotations
@@ -200,15 +201,21 @@ def make_update_fn(model_config: ModelConfig, cfg: UpdateConfig, policy_tx: opta
 
     (grads, metrics), _ = jax.lax.scan(accumulate, (zero_grads, zero_metrics), split)
     policy_grads, critic_grads = grads
-    updates, policy_opt = policy_tx.update(policy_grads, state.policy_opt, state.policy)
-    new = state.replace(policy=optax.apply_updates(state.policy, updates), policy_opt=policy_opt)
+
+    def apply(state):
+      updates, policy_opt = policy_tx.update(policy_grads, state.policy_opt, state.policy)
+      new = state.replace(policy=optax.apply_updates(state.policy, updates), policy_opt=policy_opt)
+      if use_critic:
+        c_updates, critic_opt = critic_tx.update(critic_grads, state.critic_opt, state.critic)
+        new = new.replace(critic=optax.apply_updates(state.critic, c_updates), critic_opt=critic_opt)
+      return new
+
+    updated = jnp.any(mini["mask"])  # a mini-batch with nothing kept leaves the weights and optimizer alone
     metrics["grad_norm"] = optax.global_norm(policy_grads)
-    metrics["updated"] = jnp.ones((), jnp.float32)
+    metrics["updated"] = updated.astype(jnp.float32)
     if use_critic:
-      c_updates, critic_opt = critic_tx.update(critic_grads, state.critic_opt, state.critic)
-      new = new.replace(critic=optax.apply_updates(state.critic, c_updates), critic_opt=critic_opt)
       metrics["critic_grad_norm"] = optax.global_norm(critic_grads)
-    return new, metrics
+    return jax.lax.cond(updated, apply, lambda s: s, state), metrics
 
   def group_scores(batch: Trajectories):
     return snr_filter.group_scores(batch.score, batch.group_ids, cfg.num_groups, metric=cfg.filter.metric,
@@ -257,25 +264,14 @@ def make_update_fn(model_config: ModelConfig, cfg: UpdateConfig, policy_tx: opta
       order = jnp.argsort(jnp.where(kept_B, 0.0, 2.0) + jax.random.uniform(shuffle_key, kept_B.shape))
       minis = jax.tree.map(lambda x: x[order].reshape(-1, cfg.mini_batch_size, *x.shape[1:]), per_episode)
 
-      def mini_step(state, mini):
-        empty = jax.eval_shape(lambda: minibatch_step(state, mini, scale))[1]
-        return jax.lax.cond(jnp.any(mini["mask"]), lambda: minibatch_step(state, mini, scale),
-                            lambda: (state, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), empty)))
-
-      state, mini_metrics = jax.lax.scan(mini_step, state.replace(key=key), minis)
+      state, mini_metrics = jax.lax.scan(lambda s, mini: minibatch_step(s, mini, scale), state.replace(key=key), minis)
       return state, mini_metrics
 
-    def train(state):
-      new_state, epoch_metrics = jax.lax.scan(epoch, state, None, length=cfg.ppo_epochs)
-      updates = jnp.sum(epoch_metrics.pop("updated"))
-      averaged = jax.tree.map(lambda x: jnp.sum(x) / jnp.maximum(updates, 1.0), epoch_metrics)
-      return new_state, averaged | {"num_updates": updates}
-
-    empty_metrics = jax.eval_shape(train, state)[1]
-    state, train_metrics = jax.lax.cond(
-        jnp.any(keep_G), train,
-        lambda s: (s, jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), empty_metrics)), state)
-    metrics |= train_metrics
+    # with nothing kept, every mini-batch step is skipped (no cond around the epochs: one trace of the model)
+    state, epoch_metrics = jax.lax.scan(epoch, state, None, length=cfg.ppo_epochs)
+    updates = jnp.sum(epoch_metrics.pop("updated"))
+    metrics |= jax.tree.map(lambda x: jnp.sum(x) / jnp.maximum(updates, 1.0), epoch_metrics)
+    metrics["num_updates"] = updates
     metrics |= {"advantage_mean": masked_mean(adv, train_mask), "response_length": jnp.mean(
         jnp.sum(batch.loss_mask, axis=1).astype(jnp.float32))}
     return state.replace(step=state.step + 1), metrics
