@@ -16,8 +16,9 @@ def get_config():
   c.train.actor_lr = 1e-3
   c.train.critic_lr = 1e-3
   c.train.val_every = 2
-  c.train.val_episodes = 8  # validation plays the training batch at its temperature: nothing new to compile
-  c.rollout.val_temperature = 1.0
+  # validation plays the training batch at its temperature: nothing new to compile
+  c.train.val_episodes = c.train.env_groups * c.train.group_size
+  c.rollout.val_temperature = c.rollout.temperature
   c.train.checkpoint_every = 1
   c.diagnostics.num_samples = 8
   c.logging.progress_bar = False
