@@ -2,7 +2,7 @@
 
 One tokenizer and SFT warm start (the demo's settings) are shared by every run; each
 (environment, setting, seed) then runs RL from it: 47.8 min measured on the 2-core machine with the
-current demo settings (docs/results.md).
+demo's earlier learning rates (docs/results.md).
 """
 
 import ml_collections
