@@ -30,7 +30,7 @@ def get_config():
   c.demo.sft_steps = 350          # then the demonstrations
   c.demo.sft_batch_size = 8
   c.demo.sft_length_bucket = 64   # each batch pads its examples to one multiple of 64 tokens, not to the longest
-  c.demo.sft_lr = 5e-4          # at 3e-3 the lookup of the positions formed in some seeds only (docs/results.md)
+  c.demo.sft_lr = 5e-4            # at 3e-3 the lookup of positions formed in some seeds only (docs/results.md)
   c.demo.sft_warmup_steps = 30    # then a constant rate,
   c.demo.sft_decay_steps = 150    # then cosine decay over the last steps
   c.demo.mistake_rate = 0.3       # share of demonstration turns that start with the habitual move
@@ -47,7 +47,7 @@ def get_config():
   c.train.group_size = 8
   c.train.mini_batch_size = 16
   c.train.micro_batch_size = 16
-  c.train.actor_lr = 1e-4        # at 3e-4 RL unlearned the warm start's reading
+  c.train.actor_lr = 1e-4         # at 3e-4 RL unlearned the warm start's reading
   c.train.val_every = 6
   c.train.val_episodes = 256
   c.train.checkpoint_every = 6
