@@ -26,8 +26,8 @@ def get_config():
   c.demo.num_kv_heads = 2
   c.demo.sft_episodes = 512       # per environment
   c.demo.copy_steps = 100         # first SFT stages, on replies with random moves (docs/results.md): the answer
-  c.demo.reading_steps = 200      # repeats the reasoning's moves; the reasoning reads positions off the observation
-  c.demo.sft_steps = 350          # then the demonstrations
+  c.demo.reading_steps = 400      # repeats the reasoning's moves; the reasoning reads positions off the observation
+  c.demo.sft_steps = 700          # then the demonstrations (at 200 + 350, FrozenLake read ~40% of turns)
   c.demo.sft_batch_size = 8
   c.demo.sft_length_bucket = 64   # each batch pads its examples to one multiple of 64 tokens, not to the longest
   c.demo.sft_lr = 5e-4            # at 3e-3 the lookup of positions formed in some seeds only (docs/results.md)
