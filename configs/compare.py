@@ -1,8 +1,8 @@
 """`make compare`: the demo's RL with and without SNR-Aware Filtering over several seeds.
 
 One tokenizer and SFT warm start (the demo's settings) are shared by every run; each
-(environment, setting, seed) then runs RL from it: 47.8 min measured on the 2-core machine with the
-demo's earlier learning rates (docs/results.md).
+(environment, setting, seed) then runs RL from it: 26.5 min measured on the 2-core machine
+(docs/results.md).
 """
 
 import ml_collections
