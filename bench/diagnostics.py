@@ -27,14 +27,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-import optax  # noqa: E402
 
 from ragen_jax import sampling  # noqa: E402
 from ragen_jax.diagnostics import cross_scoring as xs  # noqa: E402
 from ragen_jax.diagnostics.collapse import CollapseConfig, init_diagnostics_state, make_diagnostics_fn  # noqa: E402
 from ragen_jax.models import ModelConfig, forward_logits, init_params  # noqa: E402
 from ragen_jax.rl.presets import preset  # noqa: E402
-from ragen_jax.rl.update import FilterConfig, UpdateConfig, init_train_state, make_update_fn  # noqa: E402
+from ragen_jax.rl.snr_filter import FilterConfig  # noqa: E402
+from ragen_jax.rl.update import OptimizerConfig, UpdateConfig, init_train_state, update  # noqa: E402
 from tests.diagnostics.batch_fixtures import make_batch, random_episodes  # noqa: E402
 
 TURNS = 3
@@ -141,7 +141,7 @@ def main():
   batch = synthetic_batch(args.groups, args.group_size, args.vocab, args.prompt_tokens, args.observation_tokens)
   diag_cfg = CollapseConfig(num_samples=args.samples, max_reasoning_tokens=args.max_reasoning_tokens,
                             block_tokens=args.block_tokens, columns_per_step=args.columns_per_step,
-                            rows_per_step=args.rows_per_step or None)
+                            rows_per_step=args.rows_per_step)
   tokens = int(jnp.sum(batch.valid))
   print(f"model: {args.layers} layers, d={args.hidden}, vocab {args.vocab}; batch {args.groups}×{args.group_size} "
         f"episodes, seq_len {batch.seq_len}, {tokens / batch.batch_size:.0f} tokens/episode, "
@@ -149,17 +149,16 @@ def main():
         f"{jax.devices()[0].platform}", flush=True)
 
   # (a) the update with and without the diagnostics.
-  update_cfg = UpdateConfig(algorithm=preset("grpo"), filter=FilterConfig(), num_groups=args.groups,
-                            group_size=args.group_size)
-  tx = optax.adamw(1e-6)
   times = {}
   for name, diagnostics_fn in [("update", None),
-                               ("update + diagnostics", make_diagnostics_fn(config, diag_cfg, args.groups,
-                                                                            args.group_size))]:
-    update = jax.jit(make_update_fn(config, update_cfg, tx, diagnostics_fn=diagnostics_fn))
-    state = init_train_state(params, tx, jax.random.key(1), diagnostics=init_diagnostics_state(diag_cfg))
-    update = update.lower(state, params, batch).compile()
-    times[name], (_, metrics) = timed(update, state, params, batch, repeats=args.repeats)
+                               ("update + diagnostics", make_diagnostics_fn(diag_cfg, args.groups, args.group_size))]:
+    update_cfg = UpdateConfig(algorithm=preset("grpo"), filter=FilterConfig(), num_groups=args.groups,
+                              group_size=args.group_size, policy_optimizer=OptimizerConfig(lr=1e-6, weight_decay=1e-4),
+                              diagnostics_fn=diagnostics_fn)
+    step = jax.jit(functools.partial(update, config, update_cfg))
+    state = init_train_state(update_cfg, params, jax.random.key(1), diagnostics=init_diagnostics_state(diag_cfg))
+    step = step.lower(state, params, batch).compile()
+    times[name], (_, metrics) = timed(step, state, params, batch, repeats=args.repeats)
     print(f"{name:<40s} {seconds_text(times[name])}", flush=True)
   with_diag = times["update + diagnostics"][1]
   extra = with_diag - times["update"][1]
@@ -180,7 +179,7 @@ def main():
     scorer = jax.jit(functools.partial(xs.score_pairs, config, max_reasoning_tokens=args.max_reasoning_tokens,
                                        prompt_window=window, block_tokens=args.block_tokens,
                                        columns_per_step=args.columns_per_step,
-                                       rows_per_step=args.rows_per_step or None))
+                                       rows_per_step=args.rows_per_step))
     scorer = scorer.lower(params, batch, pairs).compile()
     seconds, (cached, _) = timed(scorer, params, batch, pairs, repeats=args.repeats)
     prefill_only, _ = timed(scorer, params, batch, pairs.replace(row_mask=jnp.zeros_like(pairs.row_mask)),

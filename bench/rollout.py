@@ -32,7 +32,6 @@ from ragen_jax.rollout import prompt  # noqa: E402
 from ragen_jax.rollout.device import device_rollout, slot_layout  # noqa: E402
 from ragen_jax.rollout.episodes import RolloutConfig, build_assets, reset_batch, train_seeds, unbatch  # noqa: E402
 from ragen_jax.rollout.host import host_rollout, reprefill_policy  # noqa: E402
-from ragen_jax.sampling import SamplingRule  # noqa: E402
 
 
 def main():
@@ -54,7 +53,7 @@ def main():
   # EOS disabled: every turn generates exactly new-tokens tokens on both paths.
   no_eos = Model(model_config.__class__(**{**model_config.__dict__, "eos_token_ids": ()}), model.params, model.mesh)
   config = RolloutConfig(max_turns=args.turns, max_new_tokens=args.new_tokens, max_actions_per_traj=100,
-                         rule=SamplingRule(temperature=1.0))
+                         temperature=1.0, max_model_len=0)
   assets = build_assets(tokenizer, env, params, config, table_size=model_config.vocab_size)
   seeds = jnp.asarray(train_seeds(0, args.batch // 8, 8))
   groups = jnp.repeat(jnp.arange(args.batch // 8), 8)
@@ -84,7 +83,7 @@ def main():
 def iteration_split(model, tokenizer, args):
   """One trainer iteration (after a compiling one), split into its phases."""
   from ragen_jax.config import load_config_file
-  from ragen_jax.train import Trainer, build_experiment
+  from ragen_jax.trainer import Trainer
   with tempfile.TemporaryDirectory() as workdir:
     config = load_config_file(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                            "configs/base.py"))
@@ -98,7 +97,7 @@ def iteration_split(model, tokenizer, args):
     config.train.mini_batch_size = min(config.train.mini_batch_size, args.batch)
     config.train.val_every, config.train.checkpoint_every = 0, 0
     config.logging.tensorboard = config.logging.progress_bar = False
-    trainer = Trainer(build_experiment(config))
+    trainer = Trainer.create(config)
     trainer.train_iteration()  # compile
     metrics = trainer.train_iteration()
     trainer.checkpointer.close()
@@ -110,7 +109,7 @@ def iteration_split(model, tokenizer, args):
   # Dense-model FLOPs of the learner on every slot of the [batch, seq] batch (attention not counted):
   # 2 per parameter per token forward (scoring), 6 forward + backward (update).
   n_params = sum(x.size for x in jax.tree.leaves(model.params))
-  slots = args.batch * slot_layout(trainer.exp.assets, trainer.exp.rollout)[2]
+  slots = args.batch * trainer.exp.source.seq_len
   peak = matmul_peak_flops()
   report("jitted f32 matmul peak", peak / 1e9, "GFLOP/s")
   report("scoring (forward, 2 FLOPs/param/token)", 2 * n_params * slots / metrics["time/scoring_s"] / 1e9, "GFLOP/s",

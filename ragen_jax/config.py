@@ -2,7 +2,8 @@
 
 Entry points call `run(main)`: before anything is compiled, an override of a key
 the config does not have fails with the key's name and the closest real keys.
-Wrong types are rejected by ml_collections with the flag's name.
+Wrong types are rejected by ml_collections with the flag's name, and a value the
+section dataclasses reject (`ConfigError`) ends the run with its one-line message.
 """
 
 from __future__ import annotations
@@ -21,6 +22,19 @@ CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file 
 
 class ConfigError(ValueError):
   """A config key or value that cannot work; raised before any compilation."""
+
+
+def check_one_of(key: str, value, choices: Iterable) -> None:
+  """Raises ConfigError naming `key` and the allowed values unless `value` is one of `choices`."""
+  choices = tuple(choices)
+  if value not in choices:
+    raise ConfigError(f"{key}={value!r} is not one of {', '.join(repr(c) for c in choices)}")
+
+
+def check(key: str, ok: bool, requirement: str, value) -> None:
+  """Raises ConfigError `key=value: requirement` unless `ok`."""
+  if not ok:
+    raise ConfigError(f"{key}={value!r}: {requirement}")
 
 
 def load_config_file(path: str) -> ml_collections.ConfigDict:
@@ -84,4 +98,10 @@ def run(main: Callable[[ml_collections.ConfigDict], None], default_config: str |
   if default_config and not any(a.startswith(("--config=", "-config=")) or a in ("--config", "-config")
                                 for a in sys.argv[1:]):
     sys.argv.insert(1, f"--config={default_config}")
-  app.run(lambda _: main(CONFIG.value), flags_parser=parse_flags)
+  def run_main(_):
+    try:
+      main(CONFIG.value)
+    except ConfigError as e:
+      sys.exit(f"error: {e}")
+
+  app.run(run_main, flags_parser=parse_flags)

@@ -8,7 +8,6 @@ Writes `evaluation.json` and `evaluation.md` into the config's workdir.
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 
@@ -18,7 +17,10 @@ from absl import logging
 
 from ragen_jax import config as config_lib
 from ragen_jax import mesh as mesh_lib
-from ragen_jax.train import Trainer, build_experiment, rollout_metrics
+from ragen_jax.assembly import build_experiment, check_model_and_env
+from ragen_jax.rollout.episodes import RolloutConfig
+from ragen_jax.trainer import TrainConfig
+from ragen_jax.trajectories import rollout_metrics
 
 
 def pass_at_k(successes_NK: np.ndarray, k: int) -> float:
@@ -31,20 +33,27 @@ def pass_at_k(successes_NK: np.ndarray, k: int) -> float:
   return float(np.mean(1.0 - fails))
 
 
-def evaluate_env(config, env_name: str) -> dict[str, float]:
-  """Validation seeds, `evaluate.k` samples each at the validation temperature."""
-  cfg = copy.deepcopy(config)
-  cfg.env.name = env_name
-  trainer = Trainer(build_experiment(cfg))
-  k = cfg.evaluate.k
-  seeds = np.repeat(np.arange(cfg.train.val_seed_start, cfg.train.val_seed_start + cfg.train.val_episodes), k)
-  traj = mesh_lib.fetch(trainer.rollout(seeds, k, trainer.exp.val_rollout, jax.random.PRNGKey(cfg.seed),
+def read_settings(config) -> tuple[list[str], RolloutConfig, TrainConfig]:
+  """(environment names, rollout settings, validation seeds' settings), every one validated before any work."""
+  env_names = config.evaluate.envs.split(",")
+  for name in env_names:
+    check_model_and_env(config, name)
+  config_lib.check("evaluate.k", config.evaluate.k >= 1, "must be >= 1", config.evaluate.k)
+  return env_names, RolloutConfig(**config.rollout.to_dict()), TrainConfig(**config.train.to_dict())
+
+
+def evaluate_env(config, env_name: str, rollout: RolloutConfig, val: TrainConfig) -> dict[str, float]:
+  """The validation seeds of `val`, `evaluate.k` samples each at the validation temperature."""
+  exp = build_experiment(config, rollout, env_name=env_name)
+  k = config.evaluate.k
+  seeds = np.repeat(np.arange(val.val_seed_start, val.val_seed_start + val.val_episodes), k)
+  group_ids = np.repeat(np.arange(val.val_episodes), k)
+  traj = mesh_lib.fetch(exp.source.run(exp.model.params, seeds, group_ids, jax.random.PRNGKey(config.seed),
                                        split="validation"))
   metrics = {name.split("/", 1)[1]: value for name, value in rollout_metrics(traj, "eval").items()}
   successes = np.asarray(traj.success).reshape(-1, k)
   for kk in sorted({1, k}):
     metrics[f"pass@{kk}"] = pass_at_k(successes, kk)
-  trainer.checkpointer.close()
   return metrics
 
 
@@ -59,7 +68,8 @@ def markdown_table(results: dict[str, dict[str, float]]) -> str:
 
 def main(config):
   logging.set_verbosity(logging.WARNING)  # the table, not the checkpoint library's INFO lines
-  results = {name: evaluate_env(config, name) for name in config.evaluate.envs.split(",")}
+  env_names, rollout, val = read_settings(config)
+  results = {name: evaluate_env(config, name, rollout, val) for name in env_names}
   if jax.process_index():  # process 0 writes the results
     return
   os.makedirs(config.workdir, exist_ok=True)

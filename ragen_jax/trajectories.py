@@ -8,6 +8,12 @@ from __future__ import annotations
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+from ragen_jax import mesh as mesh_lib
+
+SUMMARY_FIELDS = ("success", "score", "num_turns", "response_start", "format_ok", "num_actions", "loss_mask",
+                  "reasoning_len")  # what `rollout_metrics` reads
 
 
 @flax.struct.dataclass
@@ -77,3 +83,16 @@ def pack_left(valid_BS: jax.Array, *per_token_BS: jax.Array):
   packed = [jnp.take_along_axis(x, order, axis=1) for x in (valid_BS, *per_token_BS)]
   new_position = jnp.where(valid_BS, jnp.cumsum(valid_BS, axis=1) - 1, -1).astype(jnp.int32)
   return (new_position, *packed)
+
+
+def rollout_metrics(traj: Trajectories, prefix: str) -> dict[str, float]:
+  """Host summary of a trajectory batch (gathered from every process: call it from all of them)."""
+  t = mesh_lib.fetch({name: getattr(traj, name) for name in SUMMARY_FIELDS})
+  turns = np.maximum(t["num_turns"], 1)
+  played = max(np.sum(t["response_start"] >= 0), 1)
+  return {f"{prefix}/success": float(np.mean(t["success"])), f"{prefix}/score": float(np.mean(t["score"])),
+          f"{prefix}/num_turns": float(np.mean(t["num_turns"])),
+          f"{prefix}/valid_action_rate": float(np.sum(t["format_ok"]) / played),
+          f"{prefix}/actions_per_turn": float(np.mean(t["num_actions"] / turns)),
+          f"{prefix}/response_length": float(np.sum(t["loss_mask"]) / played),
+          f"{prefix}/valid_thinking_rate": float(np.sum(t["reasoning_len"] > 0) / played)}

@@ -22,7 +22,6 @@ from ragen_jax.models.scratch import scratch_config
 from ragen_jax.models.tokenizer import train_tokenizer
 from ragen_jax.rollout import prompt
 from ragen_jax.rollout.episodes import RolloutConfig, build_assets, render_batch, reset_batch, unbatch
-from ragen_jax.sampling import SamplingRule
 from ragen_jax.sft import fit, lr_schedule
 
 
@@ -70,7 +69,7 @@ def tokenizer(sokoban, sokoban_states):
 
 @pytest.fixture(scope="session")
 def greedy_config():
-  return RolloutConfig(max_turns=3, max_new_tokens=16, rule=SamplingRule(temperature=0.0))
+  return RolloutConfig(max_turns=3, max_new_tokens=16, temperature=0.0)
 
 
 @pytest.fixture(scope="session")

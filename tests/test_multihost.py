@@ -20,7 +20,7 @@ from safetensors.numpy import load_file
 from ragen_jax.config import ConfigError
 from ragen_jax.distributed import cluster_settings
 from ragen_jax.report.writer import read_metrics
-from ragen_jax.train import build_experiment, train
+from ragen_jax.trainer import Trainer, train
 from tests.test_train import ROOT, _config
 
 WORKER_TIMEOUT_S = 480
@@ -136,7 +136,7 @@ def test_bad_distributed_settings_fail_before_jax_distributed_starts():
   config = _config("", "unused", **{"distributed.enabled": True, "distributed.coordinator": "localhost:1",
                                     "distributed.num_processes": 2, "distributed.process_id": 2})
   with pytest.raises(ConfigError, match="process_id 2 must be below num_processes 2"):
-    build_experiment(config)
+    Trainer.create(config)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from ragen_jax.models.scratch import save_scratch_model
 from ragen_jax.models.tokenizer import train_tokenizer
 from ragen_jax.report.writer import read_metrics
 from ragen_jax.rollout import prompt
-from ragen_jax.train import Trainer, build_experiment
+from ragen_jax.trainer import Trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -33,7 +33,7 @@ def test_countdown_host_path_training(tmp_path):
   config.rollout.max_episode_len = 512
   config.algorithm.preset = "grpo"
   config.filter.enabled = False
-  trainer = Trainer(build_experiment(config))
+  trainer = Trainer.create(config)
   trainer.run(2)
   rows = read_metrics(config.workdir)
   assert [r["step"] for r in rows] == [1, 2]
@@ -41,7 +41,8 @@ def test_countdown_host_path_training(tmp_path):
   assert all(r["update/num_updates"] > 0 for r in rows)
   assert "val/success" in rows[-1]
   # The episodes really are Countdown prompts followed by sampled replies.
-  traj = trainer.rollout(np.arange(4), 2, trainer.exp.rollout, jnp.zeros(2, jnp.uint32))
+  traj = trainer.exp.source.run(trainer.state.policy, np.arange(4), np.repeat(np.arange(2), 2),
+                                jnp.zeros(2, jnp.uint32))
   text = tokenizer.decode(np.asarray(traj.tokens[0])[np.asarray(traj.valid[0])].tolist())
   assert env.reset(0) in text and text.index(env.reset(0)) < text.rindex("<think>")
   assert np.asarray(traj.loss_mask).sum() > 0

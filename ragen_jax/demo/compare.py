@@ -16,7 +16,7 @@ import time
 import jax
 
 from ragen_jax import config as config_lib
-from ragen_jax.demo.__main__ import log, reinforce, warm_start
+from ragen_jax.demo.stages import check_settings, log, reinforce, warm_start
 from ragen_jax.report.comparison import (SETTINGS, plot_correlations, plot_curves, run_summary, summarize,
                                          write_comparison)
 from ragen_jax.report.writer import read_metrics
@@ -25,6 +25,7 @@ from ragen_jax.report.writer import read_metrics
 def run(config) -> dict:
   """Shared warm start, RL per (env, setting, seed), then the results, plots and table; returns the results."""
   env_names = config.demo.envs.split(",")
+  check_settings(config, env_names)
   clock = time.time()
   sft_dir, _, demo_success = warm_start(config, env_names)
   sft_minutes = (time.time() - clock) / 60

@@ -1,13 +1,13 @@
 """Template-collapse alarm over logged scalars (host-side).
 
 Template collapse shows as input dependence (MI z-score) falling while the
-policy entropy holds steady. The alarm looks at the last `window` logged
+policy entropy holds steady. The alarm looks at the last `alarm_window` logged
 points of (mi_zscore, entropy) and fires when
-  - the MI z-score fell by at least `drop` relative to the window's first
-    value: (z_first − z_last) / z_first ≥ drop, with z_first > 0, and by at
-    least `min_drop` in absolute terms (small z-scores swing by a few
+  - the MI z-score fell by at least `alarm_drop` relative to the window's first
+    value: (z_first − z_last) / z_first ≥ alarm_drop, with z_first > 0, and by at
+    least `alarm_min_drop` in absolute terms (small z-scores swing by a few
     hundredths between iterations; relative drops of those are noise), and
-  - every entropy in the window stayed within `entropy_tolerance` (relative)
+  - every entropy in the window stayed within `alarm_entropy_tolerance` (relative)
     of the window's first entropy.
 A non-positive starting z-score or any non-finite value never fires.
 """
@@ -17,20 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-
-@dataclasses.dataclass(frozen=True)
-class AlarmConfig:
-  window: int = 4  # logged points compared (first vs last), ≥ 2
-  drop: float = 0.5  # relative fall of the MI z-score
-  entropy_tolerance: float = 0.1  # relative band the entropy must stay in
-  min_drop: float = 0.1  # absolute fall of the MI z-score
-
-  def __post_init__(self):
-    if self.window < 2:
-      raise ValueError(f"alarm window must cover at least 2 points, got {self.window}")
-    if self.drop <= 0 or self.entropy_tolerance < 0 or self.min_drop < 0:
-      raise ValueError(f"need drop > 0, entropy_tolerance >= 0 and min_drop >= 0, got {self.drop}, "
-                       f"{self.entropy_tolerance}, {self.min_drop}")
+from ragen_jax.diagnostics.collapse import CollapseConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,21 +39,22 @@ class AlarmResult:
   message: str  # empty unless fired
 
 
-def update_alarm(state: AlarmState, cfg: AlarmConfig, mi_zscore: float,
+def update_alarm(state: AlarmState, cfg: CollapseConfig, mi_zscore: float,
                  entropy: float) -> tuple[AlarmState, AlarmResult]:
-  """Appends one point and evaluates the rule on the last `cfg.window` points."""
-  history = (state.history + ((float(mi_zscore), float(entropy)),))[-cfg.window:]
+  """Appends one point and evaluates the rule on the last `cfg.alarm_window` points."""
+  history = (state.history + ((float(mi_zscore), float(entropy)),))[-cfg.alarm_window:]
   new_state = AlarmState(history=history)
-  if len(history) < cfg.window or not all(math.isfinite(v) for point in history for v in point):
+  if len(history) < cfg.alarm_window or not all(math.isfinite(v) for point in history for v in point):
     return new_state, AlarmResult(False, "")
   (z_first, h_first), (z_last, _) = history[0], history[-1]
   if z_first <= 0:
     return new_state, AlarmResult(False, "")
   relative_drop = (z_first - z_last) / z_first
   entropy_shift = max(abs(h - h_first) for _, h in history) / max(abs(h_first), 1e-12)
-  if relative_drop >= cfg.drop and z_first - z_last >= cfg.min_drop and entropy_shift <= cfg.entropy_tolerance:
+  if (relative_drop >= cfg.alarm_drop and z_first - z_last >= cfg.alarm_min_drop
+      and entropy_shift <= cfg.alarm_entropy_tolerance):
     return new_state, AlarmResult(True, (
         f"template collapse suspected: MI z-score fell {relative_drop:.0%} ({z_first:.4g} -> {z_last:.4g}) "
-        f"over the last {cfg.window} points while entropy moved at most {entropy_shift:.1%} "
-        f"({h_first:.4g} -> {history[-1][1]:.4g}; tolerance {cfg.entropy_tolerance:.0%})"))
+        f"over the last {cfg.alarm_window} points while entropy moved at most {entropy_shift:.1%} "
+        f"({h_first:.4g} -> {history[-1][1]:.4g}; tolerance {cfg.alarm_entropy_tolerance:.0%})"))
   return new_state, AlarmResult(False, "")

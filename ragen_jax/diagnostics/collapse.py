@@ -1,6 +1,6 @@
 """Collapse diagnostics inside the jitted update: MI proxies, token entropies, gradient buckets.
 
-`make_diagnostics_fn` builds the `diagnostics_fn` that `rl.update.make_update_fn`
+`make_diagnostics_fn` builds the `diagnostics_fn` (a hashable `MIDiagnostics`) that `rl.update`
 calls on the pre-update policy, before filtering. Every `compute_freq` calls it
 cross-scores sampled (prompt, reasoning) pairs (see `cross_scoring`) for each
 sampling variant and logs SPEC §5's family under `collapse/<variant>/…`
@@ -8,17 +8,19 @@ sampling variant and logs SPEC §5's family under `collapse/<variant>/…`
 and logs zeros with `collapse/computed` = 0. The z-score EMAs live in the
 diagnostics state (`init_diagnostics_state`), which the trainer checkpoints.
 
-`make_grad_analysis_fn` is the (switchable) SPEC §6 gradient analysis: per
+`make_grad_analysis_fn` (`GradAnalysis`) is the (switchable) SPEC §6 gradient analysis: per
 reward-variance bucket, the gradient norms of the task, entropy and KL terms.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 
+from ragen_jax.config import check, check_one_of
 from ragen_jax.diagnostics import cross_scoring as xs
 from ragen_jax.diagnostics.grad_buckets import (BUCKET_MODES, assign_buckets, bucket_episode_masks,
                                                 bucket_grad_norms, bucket_ranges)
@@ -35,16 +37,19 @@ VARIANTS = ("first_turn", "trajectory")
 
 @dataclasses.dataclass(frozen=True)
 class CollapseConfig:
-  """Settings of the collapse diagnostics (static under jit).
+  """The `diagnostics` config section: the collapse diagnostics (static under jit) and the alarm.
 
   num_samples: R, reasoning rows per variant (first-turn: at most the batch size).
-  max_reasoning_tokens: reasonings are scored on their first this-many tokens.
-  max_prompt_tokens: static prompt window (None: the batch's sequence length); turns
+  max_reasoning_tokens: reasonings are scored on their first this-many tokens (the trainer caps it at the
+    rollout's `max_new_tokens`).
+  max_prompt_tokens: static prompt window (0: the batch's sequence length); turns
     whose prompt is longer are not sampled (first-turn columns are cut and counted in
     `collapse/first_turn/columns_cut`).
   block_tokens, columns_per_step, rows_per_step: scorer work split (see
-    `cross_scoring.cross_logp`); they trade memory for speed, not results.
+    `cross_scoring.cross_logp`; rows_per_step 0: all rows at once); they trade memory for speed, not results.
+  bucket_edges: the `fixed` bucket mode's edges (empty: 0, 1, …, num_buckets − 1).
   grad_analysis: run `make_grad_analysis_fn`'s analysis (every `compute_freq` steps).
+  alarm_*: the template-collapse alarm over the logged MI z-score (see `diagnostics.alarm`).
   """
 
   enabled: bool = True
@@ -54,29 +59,39 @@ class CollapseConfig:
   marginal: str = "paper"
   ema_decay: float = 0.9
   max_reasoning_tokens: int = 256
-  max_prompt_tokens: int | None = None
+  max_prompt_tokens: int = 0
   block_tokens: int = 16
   columns_per_step: int = 8
-  rows_per_step: int | None = 16
+  rows_per_step: int = 16
   grad_analysis: bool = False
   num_buckets: int = 6
   bucket_mode: str = "quantile"
-  bucket_edges: tuple[float, ...] | None = None
+  bucket_edges: tuple[float, ...] = ()
+  alarm_window: int = 4  # logged points compared (first vs last)
+  alarm_drop: float = 0.5  # relative fall of the MI z-score
+  alarm_entropy_tolerance: float = 0.1  # relative band the entropy must stay in
+  alarm_min_drop: float = 0.1  # absolute fall of the MI z-score the alarm also needs
 
   def __post_init__(self):
-    if self.compute_freq < 1 or self.num_samples < 2:
-      raise ValueError(f"need compute_freq >= 1 and num_samples >= 2, got {self.compute_freq}, {self.num_samples}")
-    unknown = set(self.variants) - set(VARIANTS)
-    if unknown or not self.variants or len(set(self.variants)) != len(self.variants):
-      raise ValueError(f"variants must be distinct names from {VARIANTS}, got {self.variants}")
-    if self.marginal not in MARGINAL_CONVENTIONS:
-      raise ValueError(f"marginal must be one of {MARGINAL_CONVENTIONS}, got {self.marginal!r}")
-    if not 0.0 <= self.ema_decay < 1.0:
-      raise ValueError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
-    if self.max_reasoning_tokens < 1 or (self.max_prompt_tokens is not None and self.max_prompt_tokens < 1):
-      raise ValueError("max_reasoning_tokens and max_prompt_tokens must be positive")
-    if self.bucket_mode not in BUCKET_MODES:
-      raise ValueError(f"bucket_mode must be one of {BUCKET_MODES}, got {self.bucket_mode!r}")
+    object.__setattr__(self, "variants", tuple(self.variants))  # a ConfigDict may hand over a list
+    object.__setattr__(self, "bucket_edges", tuple(self.bucket_edges))
+    check("diagnostics.compute_freq", self.compute_freq >= 1, "must be >= 1", self.compute_freq)
+    check("diagnostics.num_samples", self.num_samples >= 2, "must be >= 2", self.num_samples)
+    check("diagnostics.variants", bool(self.variants) and set(self.variants) <= set(VARIANTS)
+          and len(set(self.variants)) == len(self.variants), f"must be distinct names from {VARIANTS}",
+          self.variants)
+    check_one_of("diagnostics.marginal", self.marginal, MARGINAL_CONVENTIONS)
+    check_one_of("diagnostics.bucket_mode", self.bucket_mode, BUCKET_MODES)
+    check("diagnostics.ema_decay", 0.0 <= self.ema_decay < 1.0, "must be in [0, 1)", self.ema_decay)
+    for name in ("max_reasoning_tokens", "block_tokens", "columns_per_step", "num_buckets"):
+      check(f"diagnostics.{name}", getattr(self, name) >= 1, "must be >= 1", getattr(self, name))
+    for name in ("max_prompt_tokens", "rows_per_step"):
+      check(f"diagnostics.{name}", getattr(self, name) >= 0, "must be >= 0 (0: no limit)", getattr(self, name))
+    check("diagnostics.alarm_window", self.alarm_window >= 2, "must cover at least 2 points", self.alarm_window)
+    check("diagnostics.alarm_drop", self.alarm_drop > 0, "must be > 0", self.alarm_drop)
+    check("diagnostics.alarm_entropy_tolerance", self.alarm_entropy_tolerance >= 0, "must be >= 0",
+          self.alarm_entropy_tolerance)
+    check("diagnostics.alarm_min_drop", self.alarm_min_drop >= 0, "must be >= 0", self.alarm_min_drop)
 
 
 def init_diagnostics_state(cfg: CollapseConfig) -> dict:
@@ -110,9 +125,10 @@ def _entropy_metrics(batch: Trajectories, entropy_BT: jax.Array) -> dict[str, ja
   }
 
 
-def make_diagnostics_fn(model_config: ModelConfig, cfg: CollapseConfig, num_groups: int, group_size: int):
-  """`diagnostics_fn(policy_params, state, batch, old_logp_BT, entropy_BT, key) -> (state, metrics)`
-  for `make_update_fn` (None when `cfg.enabled` is False).
+@dataclasses.dataclass(frozen=True)
+class MIDiagnostics:
+  """The update's `diagnostics_fn(model_config, policy_params, state, batch, old_logp_BT, entropy_BT, key)
+  -> (state, metrics)`, hashable by its settings (two trainers with equal settings share the update's compilation).
 
   Per variant: the MI family of `mi_metrics_from_scores` with `mi_zscore_ema(_seq)`,
   `num_rows` (real rows), `reasoning_cut` (share of rows longer than
@@ -120,17 +136,21 @@ def make_diagnostics_fn(model_config: ModelConfig, cfg: CollapseConfig, num_grou
   summed log-prob of the same tokens|: 0 up to rounding, a check that the scorer and
   the learner see the same policy).
   """
-  if not cfg.enabled:
-    return None
-  batch_size = num_groups * group_size
-  if "first_turn" in cfg.variants and num_groups < 2:
-    raise ValueError(f"first-turn cross-scoring needs at least 2 groups (columns), got {num_groups}")
-  first_turn_rows = min(cfg.num_samples, batch_size)
 
-  def variant_metrics(policy_params, batch, old_logp_BT, variant, key):
+  cfg: CollapseConfig
+  num_groups: int
+  group_size: int
+
+  def __post_init__(self):
+    if "first_turn" in self.cfg.variants and self.num_groups < 2:
+      raise ValueError(f"first-turn cross-scoring needs at least 2 groups (columns), got {self.num_groups}")
+
+  def _variant_metrics(self, model_config, policy_params, batch, old_logp_BT, variant, key):
+    cfg = self.cfg
     window = cfg.max_prompt_tokens or batch.seq_len
     if variant == "first_turn":
-      pairs = xs.first_turn_pairs(batch, num_groups, first_turn_rows, key, window)
+      rows = min(cfg.num_samples, self.num_groups * self.group_size)
+      pairs = xs.first_turn_pairs(batch, self.num_groups, rows, key, window)
     else:
       pairs = xs.trajectory_pairs(batch, cfg.num_samples, key, window)
     sum_logp_RN, length_R = xs.score_pairs(
@@ -153,27 +173,34 @@ def make_diagnostics_fn(model_config: ModelConfig, cfg: CollapseConfig, num_grou
       metrics["columns_cut"] = jnp.sum(prompt_length_N > window).astype(jnp.float32)
     return metrics, jnp.any(pairs.row_mask)
 
-  def compute(policy_params, emas, batch, old_logp_BT, key):
+  def _compute(self, model_config, policy_params, emas, batch, old_logp_BT, key):
     emas, metrics = dict(emas), {"collapse/computed": jnp.ones((), jnp.float32)}
-    for variant, variant_key in zip(cfg.variants, jax.random.split(key, len(cfg.variants))):
-      family, has_rows = variant_metrics(policy_params, batch, old_logp_BT, variant, variant_key)
-      updated, family = apply_zscore_emas(emas, variant, family, cfg.ema_decay)
+    for variant, variant_key in zip(self.cfg.variants, jax.random.split(key, len(self.cfg.variants))):
+      family, has_rows = self._variant_metrics(model_config, policy_params, batch, old_logp_BT, variant, variant_key)
+      updated, family = apply_zscore_emas(emas, variant, family, self.cfg.ema_decay)
       # A matrix without rows says nothing about the marginal's spread: keep the EMA.
       emas = jax.tree.map(lambda new, old: jnp.where(has_rows, new, old), updated, emas)
       metrics |= {f"collapse/{variant}/{name}": value for name, value in family.items()}
     return emas, metrics
 
-  def diagnostics_fn(policy_params, state, batch: Trajectories, old_logp_BT, entropy_BT, key):
-    if batch.batch_size != batch_size:
-      raise ValueError(f"batch has {batch.batch_size} episodes, diagnostics expect {num_groups} × {group_size}")
+  def __call__(self, model_config: ModelConfig, policy_params, state, batch: Trajectories, old_logp_BT, entropy_BT,
+               key):
+    if batch.batch_size != self.num_groups * self.group_size:
+      raise ValueError(f"batch has {batch.batch_size} episodes, diagnostics expect {self.num_groups} × "
+                       f"{self.group_size}")
     emas = state["zscore_ema"]
     args = (policy_params, emas, batch, old_logp_BT, key)
-    emas, metrics = _every_nth_step(cfg.compute_freq, state["step"], compute,
+    compute = functools.partial(self._compute, model_config)
+    emas, metrics = _every_nth_step(self.cfg.compute_freq, state["step"], compute,
                                     lambda shapes, _, emas, *rest: (emas, _zeros_like_tree(shapes[1])), *args)
     new_state = {"step": state["step"] + 1, "zscore_ema": emas}
     return new_state, _entropy_metrics(batch, entropy_BT) | metrics
 
-  return diagnostics_fn
+
+
+def make_diagnostics_fn(cfg: CollapseConfig, num_groups: int, group_size: int) -> MIDiagnostics | None:
+  """The update's `diagnostics_fn` (`MIDiagnostics`), None when `cfg.enabled` is False."""
+  return MIDiagnostics(cfg, num_groups, group_size) if cfg.enabled else None
 
 
 def without_skipped(metrics: dict, cfg: CollapseConfig) -> dict:
@@ -187,10 +214,10 @@ def without_skipped(metrics: dict, cfg: CollapseConfig) -> dict:
   return {k: v for k, v in metrics.items() if not k.startswith(tuple(skipped))}
 
 
-def make_grad_analysis_fn(model_config: ModelConfig, cfg: CollapseConfig, loss_cfg: PolicyLossConfig,
-                          num_groups: int, micro_batch_size: int):
-  """`grad_analysis(policy_params, batch, old_logp_BT, advantages_BT, loss_mask_BT, ref_logp_BT,
-  scores_G, step) -> metrics` (None when `cfg.grad_analysis` is False).
+@dataclasses.dataclass(frozen=True)
+class GradAnalysis:
+  """The update's `grad_analysis_fn(model_config, policy_params, batch, old_logp_BT, advantages_BT, loss_mask_BT,
+  ref_logp_BT, scores_G, step) -> metrics`, hashable by its settings.
 
   Groups with any token in `loss_mask_BT` are split into `cfg.num_buckets` buckets by
   `scores_G` (the filter score: reward variance or std); per bucket k the actor loss
@@ -202,10 +229,15 @@ def make_grad_analysis_fn(model_config: ModelConfig, cfg: CollapseConfig, loss_c
   (`grad_analysis/computed`); costs about one forward and three backward passes
   over the batch, done `micro_batch_size` episodes at a time.
   """
-  if not cfg.grad_analysis:
-    return None
 
-  def loss_terms(params, batch, old_logp_BT, advantages_BT, loss_mask_BT, ref_logp_BT, episode_mask_B):
+  cfg: CollapseConfig
+  loss_cfg: PolicyLossConfig
+  num_groups: int
+  micro_batch_size: int
+
+  def _loss_terms(self, model_config, params, batch, old_logp_BT, advantages_BT, loss_mask_BT, ref_logp_BT,
+                  episode_mask_B):
+    loss_cfg, micro_batch_size = self.loss_cfg, self.micro_batch_size
     # Bucket members first, so micro-batches without any are skipped (forward and backward).
     order_B = jnp.argsort(~episode_mask_B, stable=True)
     member_B = episode_mask_B[order_B]
@@ -228,14 +260,17 @@ def make_grad_analysis_fn(model_config: ModelConfig, cfg: CollapseConfig, loss_c
       terms["kl"] = loss_cfg.kl_coef * aux["kl_loss"]
     return terms
 
-  def analyse(policy_params, batch, old_logp_BT, advantages_BT, loss_mask_BT, ref_logp_BT, scores_G):
+  def _analyse(self, model_config, policy_params, batch, old_logp_BT, advantages_BT, loss_mask_BT, ref_logp_BT,
+               scores_G):
+    cfg, num_groups = self.cfg, self.num_groups
     group_has_tokens_G = jax.ops.segment_max(jnp.any(loss_mask_BT, axis=1).astype(jnp.int32), batch.group_ids,
                                              num_segments=num_groups) > 0
-    bucket_G = assign_buckets(scores_G, num_buckets=cfg.num_buckets, mode=cfg.bucket_mode, edges=cfg.bucket_edges,
-                              group_mask=group_has_tokens_G)
+    bucket_G = assign_buckets(scores_G, num_buckets=cfg.num_buckets, mode=cfg.bucket_mode,
+                              edges=cfg.bucket_edges or None, group_mask=group_has_tokens_G)
     masks_KB = bucket_episode_masks(bucket_G, batch.group_ids, cfg.num_buckets)
     norms = bucket_grad_norms(
-        lambda p, m: loss_terms(p, batch, old_logp_BT, advantages_BT, loss_mask_BT, ref_logp_BT, m),
+        lambda p, m: self._loss_terms(model_config, p, batch, old_logp_BT, advantages_BT, loss_mask_BT, ref_logp_BT,
+                                      m),
         policy_params, masks_KB)
     reward_std_G = snr_filter.group_scores(batch.score, batch.group_ids, num_groups, metric="std")
     low_K, high_K, count_K = bucket_ranges(reward_std_G, bucket_G, cfg.num_buckets)
@@ -247,13 +282,19 @@ def make_grad_analysis_fn(model_config: ModelConfig, cfg: CollapseConfig, loss_c
                   prefix + "num_groups": count_K[k].astype(jnp.float32)}
     return metrics
 
-  def grad_analysis(policy_params, batch: Trajectories, old_logp_BT, advantages_BT, loss_mask_BT, ref_logp_BT,
-                    scores_G, step):
-    if batch.batch_size % micro_batch_size:
-      raise ValueError(f"micro_batch_size {micro_batch_size} must divide the batch of {batch.batch_size} episodes")
-    if loss_cfg.use_kl_loss and ref_logp_BT is None:
+  def __call__(self, model_config: ModelConfig, policy_params, batch: Trajectories, old_logp_BT, advantages_BT,
+               loss_mask_BT, ref_logp_BT, scores_G, step):
+    if batch.batch_size % self.micro_batch_size:
+      raise ValueError(f"micro_batch_size {self.micro_batch_size} must divide the batch of {batch.batch_size} "
+                       f"episodes")
+    if self.loss_cfg.use_kl_loss and ref_logp_BT is None:
       raise ValueError("the KL term's gradient needs ref_logp_BT (use_kl_loss is on)")
     args = (policy_params, batch, old_logp_BT, advantages_BT, loss_mask_BT, ref_logp_BT, scores_G)
-    return _every_nth_step(cfg.compute_freq, step, analyse, lambda shapes, *_: _zeros_like_tree(shapes), *args)
+    analyse = functools.partial(self._analyse, model_config)
+    return _every_nth_step(self.cfg.compute_freq, step, analyse, lambda shapes, *_: _zeros_like_tree(shapes), *args)
 
-  return grad_analysis
+
+def make_grad_analysis_fn(cfg: CollapseConfig, loss_cfg: PolicyLossConfig, num_groups: int,
+                          micro_batch_size: int) -> GradAnalysis | None:
+  """The update's `grad_analysis_fn` (`GradAnalysis`), None when `cfg.grad_analysis` is False."""
+  return GradAnalysis(cfg, loss_cfg, num_groups, micro_batch_size) if cfg.grad_analysis else None

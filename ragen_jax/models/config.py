@@ -12,7 +12,7 @@ _FAMILIES = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
 }
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,8 +49,8 @@ class ModelConfig:
     if self.num_heads % self.num_kv_heads:
       raise ValueError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
     for name in ("dtype", "param_dtype"):
-      if getattr(self, name) not in _DTYPES:
-        raise ValueError(f"{name}={getattr(self, name)!r}; use one of {sorted(_DTYPES)}")
+      if getattr(self, name) not in DTYPES:
+        raise ValueError(f"{name}={getattr(self, name)!r}; use one of {sorted(DTYPES)}")
     if self.rope_scaling is not None:
       rope_type = dict(self.rope_scaling).get("rope_type", dict(self.rope_scaling).get("type"))
       if rope_type not in ("llama3", "linear", "default"):
@@ -58,11 +58,11 @@ class ModelConfig:
 
   @property
   def compute_dtype(self):
-    return _DTYPES[self.dtype]
+    return DTYPES[self.dtype]
 
   @property
   def weight_dtype(self):
-    return _DTYPES[self.param_dtype]
+    return DTYPES[self.param_dtype]
 
   @classmethod
   def from_hf(cls, hf: dict[str, Any], **overrides) -> ModelConfig:

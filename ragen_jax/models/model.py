@@ -15,7 +15,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from ragen_jax import mesh as mesh_lib
 from ragen_jax.models import hf_io
 from ragen_jax.models.config import ModelConfig
-from ragen_jax.models.partitioning import param_shardings as _boxed_param_shardings
+from ragen_jax.models.partitioning import param_specs as _boxed_param_specs
 from ragen_jax.models.transformer import Transformer
 
 
@@ -30,10 +30,16 @@ def abstract_params(config: ModelConfig, with_value_head: bool = False):
   return nn.unbox(boxed)["params"]
 
 
+def param_specs(config: ModelConfig, with_value_head: bool = False):
+  """PartitionSpec tree matching `abstract_params`, from the logical partition rules."""
+  boxed = jax.eval_shape(functools.partial(_init_variables, config, with_value_head), jax.random.key(0))
+  return _boxed_param_specs(boxed)["params"]
+
+
 def param_shardings(config: ModelConfig, mesh: Mesh, with_value_head: bool = False):
   """NamedSharding tree matching `abstract_params`, from the logical partition rules."""
-  boxed = jax.eval_shape(functools.partial(_init_variables, config, with_value_head), jax.random.key(0))
-  return _boxed_param_shardings(boxed, mesh)["params"]
+  return jax.tree.map(lambda spec: NamedSharding(mesh, spec), param_specs(config, with_value_head),
+                      is_leaf=lambda s: isinstance(s, PartitionSpec))
 
 
 def init_params(config: ModelConfig, key, mesh: Mesh | None = None, with_value_head: bool = False):

@@ -11,7 +11,7 @@ import math
 
 import flax.linen as nn
 import jax
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import PartitionSpec
 
 LOGICAL_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     # parameters
@@ -58,11 +58,7 @@ def constrain(x: jax.Array, logical_axes: tuple[str | None, ...]) -> jax.Array:
   return jax.lax.with_sharding_constraint(x, PartitionSpec(*spec))
 
 
-def param_shardings(abstract_variables, mesh: jax.sharding.Mesh):
-  """NamedShardings for a (boxed, abstract) variable tree made by `Transformer.init`."""
-  specs = nn.get_partition_spec(abstract_variables)
-  return jax.tree.map(
-      lambda spec: NamedSharding(mesh, nn.logical_to_mesh_axes(spec, LOGICAL_RULES)),
-      specs,
-      is_leaf=lambda s: isinstance(s, PartitionSpec),
-  )
+def param_specs(abstract_variables):
+  """Mesh PartitionSpecs for a (boxed, abstract) variable tree made by `Transformer.init`."""
+  return jax.tree.map(lambda spec: nn.logical_to_mesh_axes(spec, LOGICAL_RULES),
+                      nn.get_partition_spec(abstract_variables), is_leaf=lambda s: isinstance(s, PartitionSpec))

@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 
+from ragen_jax.config import check
+
 
 @dataclasses.dataclass(frozen=True)
 class EarlyStopConfig:
-  """Thresholds of the three rules; a rule is off when its `*_enabled` is False."""
+  """The `early_stop` config section: thresholds of the three rules; a rule is off when its `*_enabled` is
+  False."""
   empty_filter_enabled: bool = True
   empty_filter_patience: int = 5
   low_std_enabled: bool = True
@@ -29,6 +32,11 @@ class EarlyStopConfig:
   val_failure_enabled: bool = True
   val_success_floor: float = 0.01
   val_patience: int = 5
+
+  def __post_init__(self):
+    for name in ("empty_filter_patience", "std_baseline_iters", "std_window", "val_patience"):
+      check(f"early_stop.{name}", getattr(self, name) >= 1, "must be >= 1", getattr(self, name))
+    check("early_stop.std_ratio", self.std_ratio >= 0, "must be >= 0", self.std_ratio)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,42 +16,62 @@ from __future__ import annotations
 
 import dataclasses
 
-from ragen_jax.rl.losses import PolicyLossConfig
+from ragen_jax.config import check, check_one_of
+from ragen_jax.rl.losses import KL_ESTIMATORS, PolicyLossConfig
 
 ADVANTAGE_ESTIMATORS = ("gae", "grpo", "drgrpo")
+PRESETS: dict[str, tuple[str, str]] = {  # name -> (advantage estimator, loss aggregation)
+    "ppo": ("gae", "token-mean"),
+    "grpo": ("grpo", "seq-mean-token-mean"),
+    "dapo": ("grpo", "token-mean"),
+    "drgrpo": ("drgrpo", "seq-mean-token-sum"),
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class AlgorithmConfig:
-  """Advantage estimator plus actor-loss settings of one algorithm."""
-  advantage: str
-  loss: PolicyLossConfig
+  """The `algorithm` config section: a preset (advantage estimator and loss aggregation) with its loss,
+  GAE and value-clip settings (SPEC §4)."""
+
+  preset: str = "ppo"
+  clip_low: float = 0.2
+  clip_high: float = 0.28
+  dual_clip: float = 3.0  # c > 1, for negative advantages; 0 disables
+  entropy_coef: float = 0.001
+  use_kl_loss: bool = False
+  kl_coef: float = 0.001
+  kl_estimator: str = "low_var_kl"
   gamma: float = 1.0
   lam: float = 1.0
   bi_level_gae: bool = False
   turn_gamma: float = 0.95
+  value_clip: float = 0.5
 
   def __post_init__(self):
-    if self.advantage not in ADVANTAGE_ESTIMATORS:
-      raise ValueError(f"advantage must be one of {ADVANTAGE_ESTIMATORS}, got {self.advantage!r}")
-    if self.bi_level_gae and self.advantage != "gae":
-      raise ValueError("bi_level_gae needs the gae advantage estimator")
+    check_one_of("algorithm.preset", self.preset, PRESETS)
+    check_one_of("algorithm.kl_estimator", self.kl_estimator, KL_ESTIMATORS)
+    check("algorithm.dual_clip", self.dual_clip == 0 or self.dual_clip > 1.0, "must be > 1 (or 0: off)",
+          self.dual_clip)
+    check("algorithm.bi_level_gae", not self.bi_level_gae or self.advantage == "gae",
+          f"needs the gae advantage estimator (preset ppo), not preset {self.preset!r}", self.bi_level_gae)
+    check("algorithm.clip_low", 0.0 <= self.clip_low < 1.0, "must be in [0, 1)", self.clip_low)
+    check("algorithm.clip_high", self.clip_high >= 0.0, "must be >= 0", self.clip_high)
+
+  @property
+  def advantage(self) -> str:
+    return PRESETS[self.preset][0]
+
+  @property
+  def loss(self) -> PolicyLossConfig:
+    return PolicyLossConfig(clip_low=self.clip_low, clip_high=self.clip_high, dual_clip=self.dual_clip or None,
+                            entropy_coef=self.entropy_coef, use_kl_loss=self.use_kl_loss, kl_coef=self.kl_coef,
+                            kl_estimator=self.kl_estimator, agg=PRESETS[self.preset][1])
 
   @property
   def use_critic(self) -> bool:
     return self.advantage == "gae"
 
 
-PRESETS: dict[str, AlgorithmConfig] = {
-    "ppo": AlgorithmConfig("gae", PolicyLossConfig(agg="token-mean")),
-    "grpo": AlgorithmConfig("grpo", PolicyLossConfig(agg="seq-mean-token-mean")),
-    "dapo": AlgorithmConfig("grpo", PolicyLossConfig(agg="token-mean")),
-    "drgrpo": AlgorithmConfig("drgrpo", PolicyLossConfig(agg="seq-mean-token-sum")),
-}
-
-
 def preset(name: str) -> AlgorithmConfig:
-  """The named preset; change fields with `dataclasses.replace`."""
-  if name not in PRESETS:
-    raise ValueError(f"unknown algorithm preset {name!r}; choose one of {sorted(PRESETS)}")
-  return PRESETS[name]
+  """The named preset with default settings; change fields with `dataclasses.replace`."""
+  return AlgorithmConfig(preset=name)

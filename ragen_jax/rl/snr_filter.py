@@ -9,9 +9,12 @@ only the scores are traced.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
+from ragen_jax.config import check, check_one_of
 from ragen_jax.rl.groups import flatten_groups, group_stats
 
 STRATEGIES = ("top_p", "top_k", "top_k_abs", "min_p")
@@ -20,6 +23,31 @@ PROB_MODES = ("linear", "softmax")
 SCORE_METRICS = ("variance", "std")
 LOSS_SCALINGS = ("none", "linear", "sqrt")
 ZERO_SCORE_EPS = 1e-10  # |score| at or below this counts as a zero-variance group
+
+
+@dataclasses.dataclass(frozen=True)
+class FilterConfig:
+  """The `filter` config section: SNR-Aware Filtering settings (SPEC §6); see `select_groups`."""
+
+  enabled: bool = True
+  metric: str = "variance"  # paper; the reference code uses "std"
+  ddof: int = 1
+  strategy: str = "top_p"
+  value: float = 0.9
+  filter_type: str = "largest"
+  prob_mode: str = "linear"
+  include_zero: bool = True
+  selection_eps: float = 0.01
+  loss_scaling: str = "none"
+
+  def __post_init__(self):
+    check_one_of("filter.metric", self.metric, SCORE_METRICS)
+    check_one_of("filter.strategy", self.strategy, STRATEGIES)
+    check_one_of("filter.filter_type", self.filter_type, FILTER_TYPES)
+    check_one_of("filter.prob_mode", self.prob_mode, PROB_MODES)
+    check_one_of("filter.loss_scaling", self.loss_scaling, LOSS_SCALINGS)
+    check("filter.value", self.value > 0, "must be positive", self.value)
+    check("filter.ddof", self.ddof >= 0, "must be >= 0", self.ddof)
 
 
 def _as_flat(rewards, group_ids, num_groups):

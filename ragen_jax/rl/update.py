@@ -1,53 +1,63 @@
-"""The jitted RL update of one iteration: score → filter → advantages → PPO epochs.
+"""The jitted RL update of one iteration: score → diagnose → learn (filter, advantages, PPO epochs).
 
-`make_update_fn` returns `update(state, ref_params, batch) -> (state, metrics)`,
-made of three pure phases (score, diagnose, learn) that the trainer jits and
-times separately, with explicit shardings and the state donated. Everything
-runs on static shapes: SNR-Aware Filtering produces a group mask, kept episodes
-are ordered first, micro-batches with nothing kept are skipped with `lax.cond`
-(so filtering saves compute without recompiling), and so is the optimizer step
-of a mini-batch with nothing kept.
+The three phases are module-level functions jitted with the model config and an `UpdateConfig` as static
+arguments (both hashable by value, the optimizer included), so every trainer of a process with the same
+settings shares JAX's own compilations; the trainer calls and times each phase with the state donated.
+Everything runs on static shapes: SNR-Aware Filtering produces a group mask, kept episodes are ordered
+first, micro-batches with nothing kept are skipped with `lax.cond` (so filtering saves compute without
+recompiling), and so is the optimizer step of a mini-batch with nothing kept.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import PartitionSpec
 
+from ragen_jax.config import check
 from ragen_jax.models.config import ModelConfig
+from ragen_jax.models.model import param_specs
 from ragen_jax.rl import advantages as adv_lib
 from ragen_jax.rl import snr_filter
 from ragen_jax.rl.logprobs import token_logp_and_entropy, token_values
 from ragen_jax.rl.losses import actor_loss, value_loss
 from ragen_jax.rl.masked import masked_mean
 from ragen_jax.rl.presets import AlgorithmConfig
+from ragen_jax.rl.snr_filter import FilterConfig
 from ragen_jax.trajectories import Trajectories
 
 
 @dataclasses.dataclass(frozen=True)
-class FilterConfig:
-  """SNR-Aware Filtering settings (SPEC §6); see `snr_filter.select_groups`."""
+class OptimizerConfig:
+  """AdamW after global-norm gradient clipping; `make()` builds the optax transformation."""
 
-  enabled: bool = True
-  metric: str = "variance"  # paper; the reference code uses "std"
-  ddof: int = 1
-  strategy: str = "top_p"
-  value: float = 0.9
-  filter_type: str = "largest"
-  prob_mode: str = "linear"
-  include_zero: bool = True
-  selection_eps: float = 0.01
-  loss_scaling: str = "none"
+  lr: float = 1e-6
+  beta1: float = 0.9
+  beta2: float = 0.999
+  weight_decay: float = 0.01
+  grad_clip: float = 1.0
+
+  def make(self) -> optax.GradientTransformation:
+    return optax.chain(optax.clip_by_global_norm(self.grad_clip),
+                       optax.adamw(self.lr, b1=self.beta1, b2=self.beta2, weight_decay=self.weight_decay))
 
 
 @dataclasses.dataclass(frozen=True)
 class UpdateConfig:
-  """Static settings of the update step."""
+  """Static settings of the update step (a jit static argument: every field is hashable by value).
+
+  `diagnostics_fn(model_config, policy_params, diagnostics_state, batch, old_logp_BT, entropy_BT, key)
+  -> (diagnostics_state, metrics)` (optional) runs on the pre-update policy, before filtering.
+  `grad_analysis_fn(model_config, policy_params, batch, old_logp_BT, advantages_BT, loss_mask_BT, ref_logp_BT,
+  scores_G, step) -> metrics` (optional) gets advantages of every group (unfiltered). Both must
+  compare equal when their settings do (e.g. frozen dataclasses, see `diagnostics.collapse`).
+  """
 
   algorithm: AlgorithmConfig
   filter: FilterConfig
@@ -56,15 +66,20 @@ class UpdateConfig:
   mini_batch_size: int = 32
   micro_batch_size: int = 8
   ppo_epochs: int = 1
-  value_clip: float = 0.5
+  policy_optimizer: OptimizerConfig = OptimizerConfig()
+  critic_optimizer: OptimizerConfig | None = None  # needed by algorithms with a critic
+  diagnostics_fn: Callable | None = None
+  grad_analysis_fn: Callable | None = None
 
   def __post_init__(self):
     batch = self.num_groups * self.group_size
-    if batch % self.mini_batch_size:
-      raise ValueError(f"mini_batch_size {self.mini_batch_size} must divide the batch of {batch} episodes")
-    if self.mini_batch_size % self.micro_batch_size:
-      raise ValueError(f"micro_batch_size {self.micro_batch_size} must divide mini_batch_size "
-                       f"{self.mini_batch_size}")
+    check("train.mini_batch_size", self.mini_batch_size >= 1 and batch % self.mini_batch_size == 0,
+          f"must divide the batch of {batch} episodes (train.env_groups x train.group_size)", self.mini_batch_size)
+    check("train.micro_batch_size", self.micro_batch_size >= 1 and self.mini_batch_size % self.micro_batch_size == 0,
+          f"must divide train.mini_batch_size={self.mini_batch_size}", self.micro_batch_size)
+    check("train.ppo_epochs", self.ppo_epochs >= 1, "must be >= 1", self.ppo_epochs)
+    if self.algorithm.use_critic and self.critic_optimizer is None:
+      raise ValueError(f"advantage {self.algorithm.advantage!r} needs a critic optimizer")
 
   @property
   def batch_size(self) -> int:
@@ -85,10 +100,11 @@ class TrainState:
   key: jax.Array
 
 
-def init_train_state(policy, policy_tx, key, critic=None, critic_tx=None, diagnostics=None) -> TrainState:
-  return TrainState(step=jnp.zeros((), jnp.int32), policy=policy, policy_opt=policy_tx.init(policy), critic=critic,
-                    critic_opt=None if critic is None else critic_tx.init(critic), diagnostics=diagnostics or {},
-                    key=key)
+def init_train_state(cfg: UpdateConfig, policy, key, critic=None, diagnostics=None) -> TrainState:
+  """Fresh optimizer states for `policy` (and `critic`, with the algorithms that use one)."""
+  critic_opt = None if critic is None else cfg.critic_optimizer.make().init(critic)
+  return TrainState(step=jnp.zeros((), jnp.int32), policy=policy, policy_opt=cfg.policy_optimizer.make().init(policy),
+                    critic=critic, critic_opt=critic_opt, diagnostics=diagnostics or {}, key=key)
 
 
 def _micro_map(fn, micro: int, *arrays):
@@ -106,174 +122,178 @@ def _loss_weight(mask_BT, agg: str):
   return jnp.sum(jnp.any(mask_BT, axis=1))
 
 
-@dataclasses.dataclass(frozen=True)
-class UpdateFn:
-  """The update as three pure phases (the trainer jits and times each one) or one call.
+def _in_layout(model_config: ModelConfig, cfg: UpdateConfig, state: TrainState) -> TrainState:
+  """`state` constrained to the layout the trainer places it in (under the mesh in context): the policy, the
+  critic and their optimizer moments as the logical partition rules say, everything else replicated. Without
+  it the compiler picks the phases' output layouts, and a donated state could come back sharded otherwise."""
+  if jax.sharding.get_abstract_mesh().empty:
+    return state
+  constrain = jax.lax.with_sharding_constraint
+  replicate = lambda x: constrain(x, PartitionSpec())  # noqa: E731
 
-  score(state, ref_params, batch) -> scores; diagnose(state, batch, scores) -> (state, metrics);
-  learn(state, batch, scores) -> (state, metrics); `update(state, ref_params, batch)` runs all three.
-  """
+  def params_and_moments(params, opt_state, optimizer: OptimizerConfig, with_value_head: bool):
+    specs = param_specs(model_config, with_value_head)
+    return (jax.tree.map(constrain, params, specs),
+            optax.tree_map_params(optimizer.make(), constrain, opt_state, specs, transform_non_params=replicate))
 
-  score: Callable
-  diagnose: Callable
-  learn: Callable
-
-  def __call__(self, state: TrainState, ref_params, batch: Trajectories):
-    scores = self.score(state, ref_params, batch)
-    state, diag_metrics = self.diagnose(state, batch, scores)
-    state, metrics = self.learn(state, batch, scores)
-    return state, diag_metrics | metrics
+  policy, policy_opt = params_and_moments(state.policy, state.policy_opt, cfg.policy_optimizer, False)
+  state = state.replace(policy=policy, policy_opt=policy_opt, step=replicate(state.step), key=replicate(state.key),
+                        diagnostics=jax.tree.map(replicate, state.diagnostics))
+  if state.critic is None:
+    return state
+  critic, critic_opt = params_and_moments(state.critic, state.critic_opt, cfg.critic_optimizer, True)
+  return state.replace(critic=critic, critic_opt=critic_opt)
 
 
-def make_update_fn(model_config: ModelConfig, cfg: UpdateConfig, policy_tx: optax.GradientTransformation,
-                   critic_tx: optax.GradientTransformation | None = None,
-                   diagnostics_fn: Callable | None = None, grad_analysis_fn: Callable | None = None):
-  """Builds the update (`UpdateFn`): `update(state, ref_params, batch) -> (state, metrics)`.
+def _advantages(cfg: UpdateConfig, batch: Trajectories, values, train_mask):
+  algo = cfg.algorithm
+  if algo.advantage == "gae" and algo.bi_level_gae:
+    return adv_lib.bi_level_gae(batch.token_rewards, values, train_mask, batch.turn_end, gamma=algo.gamma,
+                                lam=algo.lam, turn_gamma=algo.turn_gamma)
+  if algo.advantage == "gae":
+    return adv_lib.gae(batch.score_rewards, values, train_mask, gamma=algo.gamma, lam=algo.lam)
+  kept = jnp.any(train_mask, axis=1)
+  return adv_lib.grpo(batch.score, batch.group_ids, cfg.num_groups, train_mask,
+                      norm_by_std=algo.advantage == "grpo", valid_B=kept)
 
-  `diagnostics_fn(policy_params, diagnostics_state, batch, old_logp_BT, entropy_BT, key)
-  -> (diagnostics_state, metrics)` (optional) runs on the pre-update policy, before filtering.
-  `grad_analysis_fn(policy_params, batch, old_logp_BT, advantages_BT, loss_mask_BT, ref_logp_BT,
-  scores_G, step) -> metrics` (optional) gets advantages of every group (unfiltered).
-  """
-  algo, loss_cfg = cfg.algorithm, cfg.algorithm.loss
-  use_critic = algo.use_critic
-  if use_critic and critic_tx is None:
-    raise ValueError(f"advantage {algo.advantage!r} needs a critic optimizer")
+
+def _group_scores(cfg: UpdateConfig, batch: Trajectories):
+  return snr_filter.group_scores(batch.score, batch.group_ids, cfg.num_groups, metric=cfg.filter.metric,
+                                 ddof=cfg.filter.ddof)
+
+
+@functools.partial(jax.jit, static_argnames=("model_config", "cfg"))
+def score(model_config: ModelConfig, cfg: UpdateConfig, state: TrainState, ref_params, batch: Trajectories) -> dict:
+  """Per-token log-probs and entropy of the batch under the pre-update policy (and the reference model /
+  critic when the algorithm uses them): {"old_logp", "entropy"[, "ref_logp"][, "values"]}, float32[B, T]."""
   micro = cfg.micro_batch_size
+  inputs = (batch.tokens, batch.valid, batch.segment_ids, batch.visible_from)
+  old_logp, entropy = _micro_map(lambda *x: token_logp_and_entropy(model_config, state.policy, *x), micro, *inputs)
+  scores = {"old_logp": old_logp, "entropy": entropy}
+  if cfg.algorithm.use_kl_loss:
+    scores["ref_logp"] = _micro_map(lambda *x: token_logp_and_entropy(model_config, ref_params, *x)[0], micro,
+                                    *inputs)
+  if cfg.algorithm.use_critic:
+    scores["values"] = _micro_map(lambda *x: token_values(model_config, state.critic, *x), micro, *inputs)
+  return scores
 
-  def score(state: TrainState, ref_params, batch: Trajectories) -> dict:
-    """Per-token log-probs and entropy of the batch under the pre-update policy (and the
-    reference model / critic when the algorithm uses them)."""
-    inputs = (batch.tokens, batch.valid, batch.segment_ids, batch.visible_from)
-    old_logp, entropy = _micro_map(lambda *x: token_logp_and_entropy(model_config, state.policy, *x), micro, *inputs)
-    ref_logp = (_micro_map(lambda *x: token_logp_and_entropy(model_config, ref_params, *x)[0], micro, *inputs)
-                if loss_cfg.use_kl_loss else None)
-    values = _micro_map(lambda *x: token_values(model_config, state.critic, *x), micro, *inputs) if use_critic else None
-    scores = {"old_logp": old_logp, "entropy": entropy}
-    if ref_logp is not None:
-      scores["ref_logp"] = ref_logp
-    if values is not None:
-      scores["values"] = values
-    return scores
 
-  def advantages(batch: Trajectories, values, train_mask):
-    if algo.advantage == "gae" and algo.bi_level_gae:
-      return adv_lib.bi_level_gae(batch.token_rewards, values, train_mask, batch.turn_end, gamma=algo.gamma,
-                                  lam=algo.lam, turn_gamma=algo.turn_gamma)
-    if algo.advantage == "gae":
-      return adv_lib.gae(batch.score_rewards, values, train_mask, gamma=algo.gamma, lam=algo.lam)
-    kept = jnp.any(train_mask, axis=1)
-    return adv_lib.grpo(batch.score, batch.group_ids, cfg.num_groups, train_mask,
-                        norm_by_std=algo.advantage == "grpo", valid_B=kept)
+@functools.partial(jax.jit, static_argnames=("model_config", "cfg"), donate_argnames=("state",))
+def diagnose(model_config: ModelConfig, cfg: UpdateConfig, state: TrainState, batch: Trajectories, scores: dict):
+  """Collapse diagnostics and gradient analysis on the pre-update policy (all groups): (state, metrics)."""
+  metrics = {}
+  if cfg.diagnostics_fn is not None:
+    key, diag_key = jax.random.split(state.key)
+    diag_state, metrics = cfg.diagnostics_fn(model_config, state.policy, state.diagnostics, batch,
+                                             scores["old_logp"], scores["entropy"], diag_key)
+    state = state.replace(diagnostics=diag_state, key=key)
+  if cfg.grad_analysis_fn is not None:
+    all_adv, _ = _advantages(cfg, batch, scores.get("values"), batch.loss_mask)
+    metrics |= cfg.grad_analysis_fn(model_config, state.policy, batch, scores["old_logp"], all_adv, batch.loss_mask,
+                                    scores.get("ref_logp"), _group_scores(cfg, batch), state.step)
+  return _in_layout(model_config, cfg, state), metrics
 
-  def micro_loss(params, critic, mb, scale, actor_norm, value_norm):
-    inputs = (mb["tokens"], mb["valid"], mb["segment_ids"], mb["visible_from"])
-    logp, entropy = token_logp_and_entropy(model_config, params, *inputs)
-    loss, aux = actor_loss(logp, mb["old_logp"], mb["adv"], mb["mask"], entropy, mb.get("ref_logp"), loss_cfg)
-    weight = _loss_weight(mb["mask"], loss_cfg.agg) / actor_norm
-    total = scale * weight * loss
-    metrics = {k: weight * v for k, v in aux.items()}
-    if use_critic:
-      values = token_values(model_config, critic, *inputs)
-      v_loss, v_aux = value_loss(values, mb["old_values"], mb["returns"], mb["mask"], clip=cfg.value_clip,
-                                 agg="token-mean")
-      v_weight = jnp.sum(mb["mask"]) / value_norm
-      total = total + v_weight * v_loss
-      metrics |= {"value_loss": v_weight * v_loss} | {k: v_weight * v for k, v in v_aux.items()}
-    return total, metrics
 
+def _micro_loss(model_config: ModelConfig, cfg: UpdateConfig, params, critic, mb, scale, actor_norm, value_norm):
+  loss_cfg = cfg.algorithm.loss
+  inputs = (mb["tokens"], mb["valid"], mb["segment_ids"], mb["visible_from"])
+  logp, entropy = token_logp_and_entropy(model_config, params, *inputs)
+  loss, aux = actor_loss(logp, mb["old_logp"], mb["adv"], mb["mask"], entropy, mb.get("ref_logp"), loss_cfg)
+  weight = _loss_weight(mb["mask"], loss_cfg.agg) / actor_norm
+  total = scale * weight * loss
+  metrics = {k: weight * v for k, v in aux.items()}
+  if cfg.algorithm.use_critic:
+    values = token_values(model_config, critic, *inputs)
+    v_loss, v_aux = value_loss(values, mb["old_values"], mb["returns"], mb["mask"], clip=cfg.algorithm.value_clip,
+                               agg="token-mean")
+    v_weight = jnp.sum(mb["mask"]) / value_norm
+    total = total + v_weight * v_loss
+    metrics |= {"value_loss": v_weight * v_loss} | {k: v_weight * v for k, v in v_aux.items()}
+  return total, metrics
+
+
+def _minibatch_step(model_config: ModelConfig, cfg: UpdateConfig, state: TrainState, mini, scale):
+  micro, use_critic = cfg.micro_batch_size, cfg.algorithm.use_critic
+  micro_loss = functools.partial(_micro_loss, model_config, cfg)
   grad_fn = jax.grad(micro_loss, argnums=(0, 1), has_aux=True)
+  norms = (jnp.maximum(_loss_weight(mini["mask"], cfg.algorithm.loss.agg), 1), jnp.maximum(jnp.sum(mini["mask"]), 1))
+  split = jax.tree.map(lambda x: x.reshape(-1, micro, *x.shape[1:]), mini)
+  zero_grads = (jax.tree.map(jnp.zeros_like, state.policy), jax.tree.map(jnp.zeros_like, state.critic))
+  _, zero_metrics = jax.eval_shape(lambda: micro_loss(state.policy, state.critic, jax.tree.map(lambda x: x[0], split),
+                                                      scale, *norms))
+  zero_metrics = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zero_metrics)
 
-  def minibatch_step(state: TrainState, mini, scale):
-    norms = (jnp.maximum(_loss_weight(mini["mask"], loss_cfg.agg), 1), jnp.maximum(jnp.sum(mini["mask"]), 1))
-    split = jax.tree.map(lambda x: x.reshape(-1, micro, *x.shape[1:]), mini)
-    zero_grads = (jax.tree.map(jnp.zeros_like, state.policy), jax.tree.map(jnp.zeros_like, state.critic))
-    _, zero_metrics = jax.eval_shape(lambda: micro_loss(state.policy, state.critic, jax.tree.map(lambda x: x[0], split),
-                                                        scale, *norms))
-    zero_metrics = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zero_metrics)
+  def accumulate(acc, mb):
+    grads, metrics = acc
+    new_grads, new_metrics = jax.lax.cond(
+        jnp.any(mb["mask"]), lambda: grad_fn(state.policy, state.critic, mb, scale, *norms),
+        lambda: (zero_grads, zero_metrics))
+    return (jax.tree.map(jnp.add, grads, new_grads), jax.tree.map(jnp.add, metrics, new_metrics)), None
 
-    def accumulate(acc, mb):
-      grads, metrics = acc
-      new_grads, new_metrics = jax.lax.cond(
-          jnp.any(mb["mask"]), lambda: grad_fn(state.policy, state.critic, mb, scale, *norms),
-          lambda: (zero_grads, zero_metrics))
-      return (jax.tree.map(jnp.add, grads, new_grads), jax.tree.map(jnp.add, metrics, new_metrics)), None
+  (grads, metrics), _ = jax.lax.scan(accumulate, (zero_grads, zero_metrics), split)
+  policy_grads, critic_grads = grads
 
-    (grads, metrics), _ = jax.lax.scan(accumulate, (zero_grads, zero_metrics), split)
-    policy_grads, critic_grads = grads
-
-    def apply(state):
-      updates, policy_opt = policy_tx.update(policy_grads, state.policy_opt, state.policy)
-      new = state.replace(policy=optax.apply_updates(state.policy, updates), policy_opt=policy_opt)
-      if use_critic:
-        c_updates, critic_opt = critic_tx.update(critic_grads, state.critic_opt, state.critic)
-        new = new.replace(critic=optax.apply_updates(state.critic, c_updates), critic_opt=critic_opt)
-      return new
-
-    updated = jnp.any(mini["mask"])  # a mini-batch with nothing kept leaves the weights and optimizer alone
-    metrics["grad_norm"] = optax.global_norm(policy_grads)
-    metrics["updated"] = updated.astype(jnp.float32)
+  def apply(state):
+    updates, policy_opt = cfg.policy_optimizer.make().update(policy_grads, state.policy_opt, state.policy)
+    new = state.replace(policy=optax.apply_updates(state.policy, updates), policy_opt=policy_opt)
     if use_critic:
-      metrics["critic_grad_norm"] = optax.global_norm(critic_grads)
-    return jax.lax.cond(updated, apply, lambda s: s, state), metrics
+      c_updates, critic_opt = cfg.critic_optimizer.make().update(critic_grads, state.critic_opt, state.critic)
+      new = new.replace(critic=optax.apply_updates(state.critic, c_updates), critic_opt=critic_opt)
+    return new
 
-  def group_scores(batch: Trajectories):
-    return snr_filter.group_scores(batch.score, batch.group_ids, cfg.num_groups, metric=cfg.filter.metric,
-                                   ddof=cfg.filter.ddof)
+  updated = jnp.any(mini["mask"])  # a mini-batch with nothing kept leaves the weights and optimizer alone
+  metrics["grad_norm"] = optax.global_norm(policy_grads)
+  metrics["updated"] = updated.astype(jnp.float32)
+  if use_critic:
+    metrics["critic_grad_norm"] = optax.global_norm(critic_grads)
+  return jax.lax.cond(updated, apply, lambda s: s, state), metrics
 
-  def diagnose(state: TrainState, batch: Trajectories, scores: dict):
-    """Collapse diagnostics and gradient analysis on the pre-update policy (all groups)."""
-    metrics = {}
-    if diagnostics_fn is not None:
-      key, diag_key = jax.random.split(state.key)
-      diag_state, metrics = diagnostics_fn(state.policy, state.diagnostics, batch, scores["old_logp"],
-                                           scores["entropy"], diag_key)
-      state = state.replace(diagnostics=diag_state, key=key)
-    if grad_analysis_fn is not None:
-      all_adv, _ = advantages(batch, scores.get("values"), batch.loss_mask)
-      metrics |= grad_analysis_fn(state.policy, batch, scores["old_logp"], all_adv, batch.loss_mask,
-                                  scores.get("ref_logp"), group_scores(batch), state.step)
-    return state, metrics
 
-  def learn(state: TrainState, batch: Trajectories, scores: dict):
-    """SNR-Aware Filtering, advantages and the PPO epochs."""
-    old_logp, values, ref_logp = scores["old_logp"], scores.get("values"), scores.get("ref_logp")
-    metrics = {"policy_entropy": masked_mean(scores["entropy"], batch.loss_mask)}
-    scores_G = group_scores(batch)
-    if cfg.filter.enabled:
-      keep_G = snr_filter.select_groups(scores_G, strategy=cfg.filter.strategy, value=cfg.filter.value,
-                                        filter_type=cfg.filter.filter_type, prob_mode=cfg.filter.prob_mode,
-                                        include_zero=cfg.filter.include_zero, selection_eps=cfg.filter.selection_eps)
-    else:
-      keep_G = jnp.ones((cfg.num_groups,), bool)
-    metrics |= snr_filter.filter_metrics(batch.score, keep_G, scores_G, batch.group_ids, cfg.num_groups)
-    kept_B = snr_filter.episode_mask(keep_G, batch.group_ids)
-    train_mask = batch.loss_mask & kept_B[:, None]
-    adv, returns = advantages(batch, values, train_mask)
-    scale = snr_filter.loss_scale(keep_G, cfg.filter.loss_scaling)
+@functools.partial(jax.jit, static_argnames=("model_config", "cfg"), donate_argnames=("state",))
+def learn(model_config: ModelConfig, cfg: UpdateConfig, state: TrainState, batch: Trajectories, scores: dict):
+  """SNR-Aware Filtering, advantages and the PPO epochs: (state, metrics)."""
+  old_logp, values, ref_logp = scores["old_logp"], scores.get("values"), scores.get("ref_logp")
+  metrics = {"policy_entropy": masked_mean(scores["entropy"], batch.loss_mask)}
+  scores_G = _group_scores(cfg, batch)
+  if cfg.filter.enabled:
+    keep_G = snr_filter.select_groups(scores_G, strategy=cfg.filter.strategy, value=cfg.filter.value,
+                                      filter_type=cfg.filter.filter_type, prob_mode=cfg.filter.prob_mode,
+                                      include_zero=cfg.filter.include_zero, selection_eps=cfg.filter.selection_eps)
+  else:
+    keep_G = jnp.ones((cfg.num_groups,), bool)
+  metrics |= snr_filter.filter_metrics(batch.score, keep_G, scores_G, batch.group_ids, cfg.num_groups)
+  kept_B = snr_filter.episode_mask(keep_G, batch.group_ids)
+  train_mask = batch.loss_mask & kept_B[:, None]
+  adv, returns = _advantages(cfg, batch, values, train_mask)
+  scale = snr_filter.loss_scale(keep_G, cfg.filter.loss_scaling)
 
-    per_episode = {"tokens": batch.tokens, "valid": batch.valid, "segment_ids": batch.segment_ids,
-                   "visible_from": batch.visible_from, "mask": train_mask, "old_logp": old_logp, "adv": adv}
-    if ref_logp is not None:
-      per_episode["ref_logp"] = ref_logp
-    if use_critic:
-      per_episode |= {"old_values": values, "returns": returns}
+  per_episode = {"tokens": batch.tokens, "valid": batch.valid, "segment_ids": batch.segment_ids,
+                 "visible_from": batch.visible_from, "mask": train_mask, "old_logp": old_logp, "adv": adv}
+  if ref_logp is not None:
+    per_episode["ref_logp"] = ref_logp
+  if cfg.algorithm.use_critic:
+    per_episode |= {"old_values": values, "returns": returns}
 
-    def epoch(state, _):
-      key, shuffle_key = jax.random.split(state.key)
-      order = jnp.argsort(jnp.where(kept_B, 0.0, 2.0) + jax.random.uniform(shuffle_key, kept_B.shape))
-      minis = jax.tree.map(lambda x: x[order].reshape(-1, cfg.mini_batch_size, *x.shape[1:]), per_episode)
+  def epoch(state, _):
+    key, shuffle_key = jax.random.split(state.key)
+    order = jnp.argsort(jnp.where(kept_B, 0.0, 2.0) + jax.random.uniform(shuffle_key, kept_B.shape))
+    minis = jax.tree.map(lambda x: x[order].reshape(-1, cfg.mini_batch_size, *x.shape[1:]), per_episode)
+    return jax.lax.scan(lambda s, mini: _minibatch_step(model_config, cfg, s, mini, scale), state.replace(key=key),
+                        minis)
 
-      state, mini_metrics = jax.lax.scan(lambda s, mini: minibatch_step(s, mini, scale), state.replace(key=key), minis)
-      return state, mini_metrics
+  # with nothing kept, every mini-batch step is skipped (no cond around the epochs: one trace of the model)
+  state, epoch_metrics = jax.lax.scan(epoch, state, None, length=cfg.ppo_epochs)
+  updates = jnp.sum(epoch_metrics.pop("updated"))
+  metrics |= jax.tree.map(lambda x: jnp.sum(x) / jnp.maximum(updates, 1.0), epoch_metrics)
+  metrics["num_updates"] = updates
+  metrics |= {"advantage_mean": masked_mean(adv, train_mask), "response_length": jnp.mean(
+      jnp.sum(batch.loss_mask, axis=1).astype(jnp.float32))}
+  return _in_layout(model_config, cfg, state.replace(step=state.step + 1)), metrics
 
-    # with nothing kept, every mini-batch step is skipped (no cond around the epochs: one trace of the model)
-    state, epoch_metrics = jax.lax.scan(epoch, state, None, length=cfg.ppo_epochs)
-    updates = jnp.sum(epoch_metrics.pop("updated"))
-    metrics |= jax.tree.map(lambda x: jnp.sum(x) / jnp.maximum(updates, 1.0), epoch_metrics)
-    metrics["num_updates"] = updates
-    metrics |= {"advantage_mean": masked_mean(adv, train_mask), "response_length": jnp.mean(
-        jnp.sum(batch.loss_mask, axis=1).astype(jnp.float32))}
-    return state.replace(step=state.step + 1), metrics
 
-  return UpdateFn(score=score, diagnose=diagnose, learn=learn)
+def update(model_config: ModelConfig, cfg: UpdateConfig, state: TrainState, ref_params, batch: Trajectories):
+  """The three phases in a row: (state, metrics)."""
+  scores = score(model_config, cfg, state, ref_params, batch)
+  state, diag_metrics = diagnose(model_config, cfg, state, batch, scores)
+  state, metrics = learn(model_config, cfg, state, batch, scores)
+  return state, diag_metrics | metrics

@@ -11,30 +11,61 @@ import jax.numpy as jnp
 import numpy as np
 
 from envs import text as env_text
+from ragen_jax.config import check, check_one_of
 from ragen_jax.rollout import prompt
 from ragen_jax.sampling import SamplingRule
 
 
+CONTEXT_MODES = ("full", "limited_multi_turn", "single_turn")
+SPLITS = ("train", "validation")
+
+
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
-  """Static rollout settings (SPEC §2)."""
+  """The `rollout` config section (SPEC §2); static under jit."""
 
   max_turns: int = 5
   max_new_tokens: int = 400
   max_actions_per_turn: int = 2
   max_actions_per_traj: int = 10
   format_penalty: float = -0.1
-  rule: SamplingRule = SamplingRule(temperature=1.0)
-  context_turns: int = 0       # turns a prompt keeps (the current one included); 0: all
-  max_context_tokens: int = 0  # prompt + reply budget; older turns are dropped past it; 0: no limit
+  temperature: float = 1.0
+  top_p: float = 1.0
+  top_k: int = 0
+  val_temperature: float = 0.5  # validation samples at this temperature, without top-k / top-p
+  context_window_mode: str = "full"  # full | limited_multi_turn | single_turn
+  max_context_window: int = 2  # turns kept by limited_multi_turn, the current one included
+  max_model_len: int = 4096  # prompt + reply budget of a turn; older turns are dropped past it; 0: no limit
+  max_episode_len: int = 4096  # training sequence length of host text-environment episodes
 
   def __post_init__(self):
-    for name in ("max_turns", "max_new_tokens", "max_actions_per_turn", "max_actions_per_traj"):
-      if getattr(self, name) < 1:
-        raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
-    if self.context_turns < 0 or self.max_context_tokens < 0:
-      raise ValueError(f"context_turns and max_context_tokens must be >= 0 (0: no limit), got "
-                       f"{self.context_turns}, {self.max_context_tokens}")
+    for name in ("max_turns", "max_new_tokens", "max_actions_per_turn", "max_actions_per_traj", "max_episode_len"):
+      check(f"rollout.{name}", getattr(self, name) >= 1, "must be >= 1", getattr(self, name))
+    check_one_of("rollout.context_window_mode", self.context_window_mode, CONTEXT_MODES)
+    limited = self.context_window_mode == "limited_multi_turn"
+    check("rollout.max_context_window", not limited or self.max_context_window >= 1,
+          "limited_multi_turn needs a window of >= 1 turn", self.max_context_window)
+    check("rollout.max_model_len", self.max_model_len >= 0, "must be >= 0 (0: no limit)", self.max_model_len)
+    for name in ("temperature", "val_temperature"):
+      check(f"rollout.{name}", getattr(self, name) >= 0, "must be >= 0 (0: greedy)", getattr(self, name))
+    check("rollout.top_k", self.top_k >= 0, "must be >= 0 (0: off)", self.top_k)
+    check("rollout.top_p", 0.0 < self.top_p <= 1.0, "must be in (0, 1]", self.top_p)
+
+  @property
+  def rule(self) -> SamplingRule:
+    return SamplingRule(self.temperature, self.top_k, self.top_p)
+
+  @property
+  def context_turns(self) -> int:
+    """Turns a prompt keeps (the current one included); 0: all."""
+    return {"full": 0, "single_turn": 1, "limited_multi_turn": self.max_context_window}[self.context_window_mode]
+
+  def for_split(self, split: str) -> RolloutConfig:
+    """The settings a `split` rollout samples with: validation at `val_temperature`, no top-k / top-p."""
+    check_one_of("split", split, SPLITS)
+    if split == "train":
+      return self
+    return dataclasses.replace(self, temperature=self.val_temperature, top_k=0, top_p=1.0)
 
 
 def visible_from(config: RolloutConfig, turn, turn_tokens_K, chunk_tokens, system_tokens) -> jax.Array:
@@ -44,16 +75,16 @@ def visible_from(config: RolloutConfig, turn, turn_tokens_K, chunk_tokens, syste
   turn_tokens_K: tokens of each earlier turn (prompt chunk without the system prompt, plus
   reply); entries from `turn` on are ignored. chunk_tokens: the new turn's prompt chunk.
   Turns are dropped oldest first to keep the last `context_turns` turns and to fit the
-  system prompt, the kept turns and a full reply budget into `max_context_tokens` (when
+  system prompt, the kept turns and a full reply budget into `max_model_len` (when
   even the current turn alone does not fit, only it is kept).
   """
   first_kept = jnp.zeros((), jnp.int32)
   if config.context_turns:
     first_kept = jnp.maximum(turn + 1 - config.context_turns, 0)
-  if config.max_context_tokens:
+  if config.max_model_len:
     k = jnp.arange(turn_tokens_K.shape[0])
     kept_K = jnp.sum(jnp.where((k[None, :] >= k[:, None]) & (k[None, :] < turn), turn_tokens_K[None, :], 0), axis=1)
-    fits_K = (system_tokens + kept_K + chunk_tokens + config.max_new_tokens <= config.max_context_tokens) & (k <= turn)
+    fits_K = (system_tokens + kept_K + chunk_tokens + config.max_new_tokens <= config.max_model_len) & (k <= turn)
     first_kept = jnp.maximum(first_kept, jnp.where(jnp.any(fits_K), jnp.argmax(fits_K), turn))
   return (first_kept + 1).astype(jnp.int32)
 

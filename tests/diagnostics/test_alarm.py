@@ -2,10 +2,11 @@
 
 import pytest
 
-from ragen_jax.diagnostics.alarm import AlarmConfig, AlarmState, update_alarm
+from ragen_jax.diagnostics.alarm import AlarmState, update_alarm
+from ragen_jax.diagnostics.collapse import CollapseConfig
 
 
-def run(points, cfg=AlarmConfig()):
+def run(points, cfg=CollapseConfig()):
   state, results = AlarmState(), []
   for z, h in points:
     state, result = update_alarm(state, cfg, z, h)
@@ -39,12 +40,12 @@ def test_silent_on_relative_drops_of_tiny_zscores():
   points = [(0.095, 0.80), (0.04, 0.81), (0.02, 0.80), (-0.003, 0.80)]  # fell 103%, but only by 0.098
   _, results = run(points)
   assert not any(r.fired for r in results)
-  _, results = run(points, AlarmConfig(min_drop=0.05))
+  _, results = run(points, CollapseConfig(alarm_min_drop=0.05))
   assert results[-1].fired
 
 
 def test_window_slides_over_the_latest_points():
-  cfg = AlarmConfig(window=3, drop=0.5, entropy_tolerance=0.05)
+  cfg = CollapseConfig(alarm_window=3, alarm_drop=0.5, alarm_entropy_tolerance=0.05)
   state, results = run([(4.0, 2.0), (4.0, 2.5), (3.0, 2.0), (2.0, 2.0), (1.4, 2.02)], cfg)
   # windows: (4, 4, 3) no; (4, 3, 2) entropy starts 2.5 → moved 20%; (3, 2, 1.4) drop 53%, entropy 1%.
   assert [r.fired for r in results] == [False, False, False, False, True]
@@ -55,13 +56,13 @@ def test_state_round_trips_through_dict():
   state, _ = run([(2.0, 1.0), (1.5, 1.0)])
   restored = AlarmState.from_dict(state.to_dict())
   assert restored == state
-  _, a = update_alarm(state, AlarmConfig(window=3), 0.5, 1.0)
-  _, b = update_alarm(restored, AlarmConfig(window=3), 0.5, 1.0)
+  _, a = update_alarm(state, CollapseConfig(alarm_window=3), 0.5, 1.0)
+  _, b = update_alarm(restored, CollapseConfig(alarm_window=3), 0.5, 1.0)
   assert a == b and a.fired
 
 
-@pytest.mark.parametrize("kwargs", [dict(window=1), dict(drop=0.0), dict(entropy_tolerance=-0.1),
-                                    dict(min_drop=-0.1)])
+@pytest.mark.parametrize("kwargs", [dict(alarm_window=1), dict(alarm_drop=0.0), dict(alarm_entropy_tolerance=-0.1),
+                                    dict(alarm_min_drop=-0.1)])
 def test_bad_config_raises(kwargs):
   with pytest.raises(ValueError):
-    AlarmConfig(**kwargs)
+    CollapseConfig(**kwargs)

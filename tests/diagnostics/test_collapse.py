@@ -2,6 +2,7 @@
 compute_freq and EMA state, entropies, the update-step hook and per-bucket gradient norms."""
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -18,7 +19,8 @@ from ragen_jax.models import ModelConfig, init_params
 from ragen_jax.rl.logprobs import token_logp_and_entropy
 from ragen_jax.rl.losses import PolicyLossConfig, actor_loss
 from ragen_jax.rl.presets import preset
-from ragen_jax.rl.update import FilterConfig, UpdateConfig, init_train_state, make_update_fn
+from ragen_jax.rl.snr_filter import FilterConfig
+from ragen_jax.rl.update import UpdateConfig, init_train_state, update
 from tests.diagnostics.batch_fixtures import CLOSE, THINK, Episode, Turn, make_batch, random_episodes
 
 CONFIG = ModelConfig(vocab_size=32, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
@@ -81,7 +83,7 @@ def copying_episodes(rng):
 
 @pytest.fixture(scope="module")
 def diagnostics():
-  return jax.jit(make_diagnostics_fn(CONFIG, DIAG, GROUPS, GROUP_SIZE))
+  return jax.jit(functools.partial(make_diagnostics_fn(DIAG, GROUPS, GROUP_SIZE), CONFIG))
 
 
 def initial_state(params):
@@ -195,15 +197,14 @@ def test_diagnostics_plug_into_the_update_step(copying_params):
   params = copying_params
   batch = make_batch(random_episodes(np.random.default_rng(4), GROUPS, GROUP_SIZE, TURNS, vocab=32), SEQ_LEN, TURNS)
   cfg = UpdateConfig(algorithm=preset("grpo"), filter=FilterConfig(), num_groups=GROUPS, group_size=GROUP_SIZE,
-                     mini_batch_size=8, micro_batch_size=4)
-  tx = optax.adam(1e-3)
-  update = make_update_fn(CONFIG, cfg, tx, diagnostics_fn=make_diagnostics_fn(CONFIG, DIAG, GROUPS, GROUP_SIZE))
-  state = init_train_state(params, tx, jax.random.key(0), diagnostics=init_diagnostics_state(DIAG))
-  new_state, metrics = jax.eval_shape(update, state, params, batch)  # traces the whole step, compiles nothing
+                     mini_batch_size=8, micro_batch_size=4, diagnostics_fn=make_diagnostics_fn(DIAG, GROUPS, GROUP_SIZE))
+  state = init_train_state(cfg, params, jax.random.key(0), diagnostics=init_diagnostics_state(DIAG))
+  # traces the whole step, compiles nothing
+  new_state, metrics = jax.eval_shape(functools.partial(update, CONFIG, cfg), state, params, batch)
   assert jax.tree.structure(new_state.diagnostics) == jax.tree.structure(state.diagnostics)
   assert {"collapse/computed", "collapse/first_turn/mi_zscore_ema_seq", "collapse/trajectory/retrieval_accuracy",
           "collapse/reasoning_token_entropy", "policy_entropy"} <= set(metrics)
-  assert make_diagnostics_fn(CONFIG, dataclasses.replace(DIAG, enabled=False), GROUPS, GROUP_SIZE) is None
+  assert make_diagnostics_fn(dataclasses.replace(DIAG, enabled=False), GROUPS, GROUP_SIZE) is None
 
 
 def test_grad_analysis_matches_gradients_of_each_bucket_alone(copying_params):
@@ -219,7 +220,7 @@ def test_grad_analysis_matches_gradients_of_each_bucket_alone(copying_params):
   scores = jnp.asarray([0.5, 0.1, 0.9, 0.3])
   loss_cfg = PolicyLossConfig(agg="seq-mean-token-mean", use_kl_loss=True, kl_coef=0.05, entropy_coef=0.01)
   cfg = dataclasses.replace(DIAG, grad_analysis=True, num_buckets=2, compute_freq=2)
-  analyse = jax.jit(make_grad_analysis_fn(CONFIG, cfg, loss_cfg, GROUPS, micro_batch_size=4))
+  analyse = jax.jit(functools.partial(make_grad_analysis_fn(cfg, loss_cfg, GROUPS, micro_batch_size=4), CONFIG))
   metrics = analyse(params, batch, old_logp, advantages, mask, ref_logp, scores, jnp.int32(0))
 
   @jax.jit
@@ -259,4 +260,4 @@ def test_bad_settings_fail_early():
   with pytest.raises(ValueError, match="marginal"):
     CollapseConfig(marginal="mean")
   with pytest.raises(ValueError, match="2 groups"):
-    make_diagnostics_fn(CONFIG, CollapseConfig(), num_groups=1, group_size=8)
+    make_diagnostics_fn(CollapseConfig(), num_groups=1, group_size=8)

@@ -50,7 +50,7 @@ def _reference_window(turn, system, total, chunk, context_turns, budget, max_new
 @pytest.fixture(scope="module")
 def single_turn(replying_model, sokoban, assets, greedy_config):
   """(config, device trajectories, host trajectories) of single-turn rollouts, shared by the tests."""
-  config = dataclasses.replace(greedy_config, context_turns=1)
+  config = dataclasses.replace(greedy_config, context_window_mode="single_turn")
   return (config, *_rollouts(replying_model, sokoban, assets, config))
 
 
@@ -70,8 +70,8 @@ def test_windows_follow_the_rule_and_both_paths_agree(mode, request, replying_mo
   if mode == "single_turn":
     config, device, host = request.getfixturevalue("single_turn")
   else:
-    overrides = {"limited_multi_turn": dict(context_turns=2),
-                 "token_budget": dict(max_context_tokens=request.getfixturevalue("budget"))}[mode]
+    overrides = {"limited_multi_turn": dict(context_window_mode="limited_multi_turn", max_context_window=2),
+                 "token_budget": dict(max_model_len=request.getfixturevalue("budget"))}[mode]
     config = dataclasses.replace(greedy_config, **overrides)
     device, host = _rollouts(replying_model, sokoban, assets, config)
   for field in dataclasses.fields(device):
@@ -86,7 +86,7 @@ def test_windows_follow_the_rule_and_both_paths_agree(mode, request, replying_mo
     system, total, chunk = _turn_counts(device, row, config.max_turns)
     for turn in range(3):
       in_turn = device.valid[row] & (device.segment_ids[row] == turn + 1)
-      expected = _reference_window(turn, system, total, chunk, config.context_turns, config.max_context_tokens,
+      expected = _reference_window(turn, system, total, chunk, config.context_turns, config.max_model_len,
                                    config.max_new_tokens)
       assert set(device.visible_from[row][in_turn].tolist()) == {expected}
       dropped += expected > 1
@@ -122,7 +122,8 @@ def test_learner_scores_with_the_sampling_windows(single_turn, replying_model):
 
 
 def test_window_rule_cases():
-  config = RolloutConfig(max_turns=4, max_new_tokens=10, context_turns=2, max_context_tokens=100)
+  config = RolloutConfig(max_turns=4, max_new_tokens=10, context_window_mode="limited_multi_turn", max_context_window=2,
+                         max_model_len=100)
   turn_tokens = jnp.asarray([30, 30, 30, 0], jnp.int32)
   rule = jax.jit(lambda turn, chunk: visible_from(config, turn, turn_tokens, chunk, 20))
   assert int(rule(0, 10)) == 1  # nothing to drop
@@ -130,10 +131,10 @@ def test_window_rule_cases():
   assert int(rule(2, 10)) == 2  # last two turns only
   assert int(rule(2, 45)) == 3  # 20 + 30 + 45 + 10 > 100: only the current turn
   assert int(rule(3, 90)) == 4  # does not fit even alone: only the current turn
-  unlimited = RolloutConfig(max_turns=4, max_new_tokens=10)
+  unlimited = RolloutConfig(max_turns=4, max_new_tokens=10, max_model_len=0)
   assert int(visible_from(unlimited, 3, turn_tokens, 1000, 20)) == 1
-  with pytest.raises(ValueError, match="context_turns"):
-    RolloutConfig(context_turns=-1)
+  with pytest.raises(ValueError, match="rollout.max_context_window"):
+    RolloutConfig(context_window_mode="limited_multi_turn", max_context_window=0)
 
 
 def test_mi_scorer_reads_prompts_through_the_sampling_windows(single_turn, replying_model):

@@ -1,0 +1,101 @@
+"""Assembly: a config turned into mesh, model, tokenizer, environment and rollout source.
+
+Entry points (`train`, `evaluate`, the demo) build what they need here and never import one
+another. `check_model_and_env` validates the `model` and `env` sections; `build_experiment`
+then loads and places everything (nothing is compiled yet).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import transformers
+
+import envs
+from envs import host as host_envs
+from ragen_jax import distributed
+from ragen_jax import mesh as mesh_lib
+from ragen_jax.config import ConfigError, check_one_of
+from ragen_jax.models import Model, bundled_model_dir, load_pretrained
+from ragen_jax.models.config import DTYPES
+from ragen_jax.rollout.episodes import RolloutConfig, build_assets
+from ragen_jax.rollout.source import DeviceSource, RolloutSource, TextSource
+
+ENV_NAMES = tuple(envs.REGISTRY) + tuple(host_envs.REGISTRY)
+
+
+def check_model_and_env(config, env_name: str | None = None) -> None:
+  """Validates the `model` section and the environment `env_name` (default `env.name`) with `env.params`."""
+  check_one_of("model.dtype", config.model.dtype, DTYPES)
+  check_one_of("model.param_dtype", config.model.param_dtype, DTYPES)
+  name = config.env.name if env_name is None else env_name
+  check_one_of("env.name", name, ENV_NAMES)
+  _environment(name, config.env.params.to_dict())  # bad env params fail here
+
+
+def _environment(name: str, overrides: dict):
+  """(env, env_params) of a pure-JAX environment, or (make_text_env, None) of a host text environment."""
+  try:
+    if name in host_envs.REGISTRY:
+      host_envs.make_text_env(name, **overrides)
+      return functools.partial(host_envs.make_text_env, name, **overrides), None
+    return envs.make(name, **overrides)
+  except (TypeError, ValueError) as error:
+    raise ConfigError(f"env.params {overrides} do not fit env {name!r}: {error}") from error
+
+
+@dataclasses.dataclass
+class Experiment:
+  """What a config builds before anything runs (every setting already validated)."""
+
+  config: object
+  mesh: jax.sharding.Mesh
+  model: Model
+  tokenizer: object
+  source: RolloutSource
+
+
+def build_experiment(config, rollout: RolloutConfig, batch_size: int | None = None,
+                     env_name: str | None = None) -> Experiment:
+  """Mesh, model, tokenizer and the rollout source of `env_name` (default `env.name`); `batch_size`: the
+  training batch, which must divide over the mesh's batch shards.
+
+  With `distributed.enabled`, first joins the other processes (jax.distributed); the mesh then spans all of them.
+  """
+  check_model_and_env(config, env_name)
+  name = config.env.name if env_name is None else env_name
+  distributed.initialize(config.distributed)
+  mesh = mesh_lib.mesh_from_config(config.mesh)
+  batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]
+  if batch_size is not None and batch_size % batch_shards:
+    raise ConfigError(f"the batch of {batch_size} episodes does not divide over {batch_shards} data x fsdp shards "
+                      f"of the mesh")
+  if jax.process_count() > 1:
+    _check_multi_process(config, mesh, name)
+  path = config.model.path or str(bundled_model_dir())
+  tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+  model = load_pretrained(path, mesh=mesh, dtype=config.model.dtype, param_dtype=config.model.param_dtype)
+  if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in model.config.eos_token_ids:
+    model = dataclasses.replace(model, config=dataclasses.replace(
+        model.config, eos_token_ids=model.config.eos_token_ids + (tokenizer.eos_token_id,)))
+  env, env_params = _environment(name, config.env.params.to_dict())
+  if name in host_envs.REGISTRY:
+    source = TextSource(model=model, tokenizer=tokenizer, make_env=env, config=rollout)
+  else:
+    assets = build_assets(tokenizer, env, env_params, rollout, table_size=model.config.vocab_size)
+    source = DeviceSource(model_config=model.config, env=env, env_params=env_params, assets=assets, config=rollout,
+                          mesh=mesh)
+  return Experiment(config=config, mesh=mesh, model=model, tokenizer=tokenizer, source=source)
+
+
+def _check_multi_process(config, mesh: jax.sharding.Mesh, env_name: str):
+  """Each process places its slice of every batch on its own devices of a mesh over all devices."""
+  processes = jax.process_count()
+  if mesh.size != jax.device_count():
+    raise ConfigError(f"mesh.num_devices={config.mesh.num_devices}: with {processes} processes the mesh "
+                      f"must span all {jax.device_count()} devices (-1)")
+  if env_name in host_envs.REGISTRY:
+    raise ConfigError(f"env {env_name!r} is a host text environment, whose rollout is not split "
+                      f"over processes yet; run it as one process (any number of local devices)")

@@ -1,0 +1,174 @@
+"""The demo's stages: a tokenizer and SFT warm start on solver demonstrations, then RL per environment.
+
+`python -m ragen_jax.demo` and `python -m ragen_jax.demo.compare` run these stages.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import envs
+from ragen_jax import config as config_lib
+from ragen_jax import mesh as mesh_lib
+from ragen_jax.demo.demonstrations import corpus, format_rows, plan_and_reason, reading_rates, solver_policy
+from ragen_jax.models import init_params
+from ragen_jax.models.hf_io import export_hf
+from ragen_jax.models.scratch import scratch_config
+from ragen_jax.models.tokenizer import train_tokenizer
+from ragen_jax.rollout import prompt
+from ragen_jax.rollout.device import slot_layout
+from ragen_jax.rollout.episodes import RolloutConfig, build_assets, reset_batch, unbatch
+from ragen_jax.rollout.host import host_rollout
+from ragen_jax.sft import fit, lr_schedule
+from ragen_jax.trainer import Trainer, read_settings
+from ragen_jax.trajectories import rollout_metrics
+
+DEMO_SEED_BASE = 50_000  # demonstration seeds, apart from training (10000+) and validation (123+)
+FORMAT_ROW_LEN = 128     # tokens per row of the format stages (4-5 packed replies, or an observation and its reply)
+
+
+def log(message: str):
+  print(f"[demo {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def build_tokenizer(config, env_names, out_dir):
+  texts, actions = [], set()
+  for name in env_names:
+    env, params = envs.make(name)
+    actions.update(env.action_names(params))
+    texts += corpus(name, env, params, reset_batch(env, params, jnp.arange(200)), 200)
+    texts += [prompt.system_text(env.instruction_text(params, config.rollout.max_actions_per_traj)),
+              prompt.user_text(0, "", 8, config.rollout.max_new_tokens), "Reward:\n-0.1\n"] * 20
+  # action names stay tokens of their own, so the answer repeats the reasoning's chosen moves token for token
+  return train_tokenizer(texts, config.demo.vocab_size, out_dir, split_words=False, isolated_words=sorted(actions))
+
+
+def demonstrations(config, env_name, tokenizer):
+  """(token ids, loss mask) pairs of solver episodes in the exact rollout layout."""
+  env, params = envs.make(env_name)
+  rollout = RolloutConfig(**config.rollout.to_dict())
+  assets = build_assets(tokenizer, env, params, rollout)
+  policy = solver_policy(env_name, env.action_names(params), tokenizer, rollout.max_new_tokens,
+                         rollout.max_actions_per_turn, config.demo.mistake_rate, config.demo.single_move_rate,
+                         config.demo.habit_move, seed=config.seed)
+  count = config.demo.sft_episodes
+  traj = host_rollout(policy, env, params, assets, rollout, np.arange(DEMO_SEED_BASE, DEMO_SEED_BASE + count),
+                      np.arange(count), jax.random.PRNGKey(config.seed), seq_len=slot_layout(assets, rollout)[2])
+  examples = [(traj.tokens[i][traj.valid[i]].tolist(), traj.loss_mask[i][traj.valid[i]].tolist())
+              for i in range(count)]
+  return examples, float(np.mean(traj.success))
+
+
+def format_stages(config, env_names, tokenizer):
+  """The first SFT stages, on replies with random moves to the demonstrations' first states: packed
+  replies that teach the answer to repeat the reasoning's moves, then observed replies that teach the
+  reasoning to read the positions off the observation."""
+  states = []
+  for name in env_names:
+    env, params = envs.make(name)
+    names, count = env.action_names(params), config.demo.sft_episodes
+    first_states = reset_batch(env, params, jnp.arange(DEMO_SEED_BASE, DEMO_SEED_BASE + count))
+    for i in range(count):
+      state = unbatch(first_states, i)
+      states.append((env.render_text(state, params), plan_and_reason(name, state, names)[1], names))
+  stages = []
+  for observed, steps in ((False, config.demo.copy_steps), (True, config.demo.reading_steps)):
+    rows = format_rows(states, tokenizer, observed=observed, rows=steps * config.demo.sft_batch_size,
+                       row_len=FORMAT_ROW_LEN, max_moves=config.rollout.max_actions_per_turn, seed=config.seed)
+    stages.append((rows, FORMAT_ROW_LEN, steps))
+  return stages
+
+
+def check_settings(config, env_names):
+  """Validates the RL settings for each of `env_names` before any work (`trainer.read_settings`)."""
+  for name in env_names:
+    rl_config = copy.deepcopy(config)
+    rl_config.env.name = name
+    read_settings(rl_config)
+
+
+def warm_start(config, env_names):
+  """Tokenizer and SFT on solver demonstrations of `env_names`; returns (SFT model dir, tokenizer, demo success)."""
+  total_steps = config.demo.copy_steps + config.demo.reading_steps + config.demo.sft_steps
+  schedule = lr_schedule(config.demo.sft_lr, total_steps, config.demo.sft_warmup_steps,
+                         config.demo.sft_decay_steps)  # bad SFT settings fail before any work
+  for name in env_names:
+    env, params = envs.make(name)
+    if config.demo.habit_move not in env.action_names(params):
+      raise config_lib.ConfigError(f"demo.habit_move {config.demo.habit_move!r} is not a {name} action "
+                                   f"({', '.join(env.action_names(params))})")
+  os.makedirs(config.workdir, exist_ok=True)
+  log(f"training a tokenizer on {', '.join(env_names)} text")
+  tokenizer = build_tokenizer(config, env_names, os.path.join(config.workdir, "tokenizer"))
+  model_config = scratch_config(tokenizer, hidden_size=config.demo.hidden_size, num_layers=config.demo.num_layers,
+                                num_heads=config.demo.num_heads, num_kv_heads=config.demo.num_kv_heads)
+  params = init_params(model_config, jax.random.key(config.seed))
+  n_params = sum(x.size for x in jax.tree.leaves(params))
+  examples, demo_success = [], {}
+  for name in env_names:
+    env_examples, demo_success[name] = demonstrations(config, name, tokenizer)
+    examples += env_examples
+    log(f"{len(env_examples)} {name} demonstrations (solver with mistakes solves {demo_success[name]:.0%})")
+  seq_len = -(-max(len(ids) for ids, _ in examples) // 64) * 64
+  log(f"SFT of a {n_params / 1e6:.2f}M-parameter model: {config.demo.copy_steps} + {config.demo.reading_steps} "
+      f"steps on replies with random moves (answers repeat them; positions read off the observation), then "
+      f"{config.demo.sft_steps} on the demonstrations (sequences up to {seq_len} tokens)")
+  losses = []
+  stages = format_stages(config, env_names, tokenizer) + [(examples, seq_len, config.demo.sft_steps)]
+  params, _ = fit(model_config, params, stages, batch_size=config.demo.sft_batch_size, schedule=schedule,
+                  seed=config.seed, length_bucket=config.demo.sft_length_bucket,
+                  on_step=lambda step, loss: losses.append(loss) if step % 25 == 24 else None,
+                  progress=config.logging.progress_bar)
+  log("SFT loss every 25 steps: " + ", ".join(f"{float(x):.3f}" for x in losses))
+  sft_dir = os.path.join(config.workdir, "sft_model")
+  export_hf(params, model_config, sft_dir, tokenizer)
+  return sft_dir, tokenizer, demo_success
+
+
+def paired_gain(success_before, success_after) -> tuple[float, float]:
+  """Mean per-seed change in success and its standard error (the same validation seeds before and after)."""
+  change = np.asarray(success_after, np.float64) - np.asarray(success_before, np.float64)
+  return float(change.mean()), float(change.std(ddof=1) / np.sqrt(change.size))
+
+
+def reading_metrics(env_name, traj, tokenizer) -> dict[str, float]:
+  """`demonstrations.reading_rates` of a validation rollout, as `val/` metrics."""
+  host_traj = jax.tree.map(lambda x: np.asarray(mesh_lib.fetch(x)), traj)
+  return {f"val/{key}": value for key, value in reading_rates(env_name, host_traj, tokenizer).items()}
+
+
+def reinforce(config, env_name, sft_dir, workdir):
+  """RL on `env_name` from the SFT model; returns (trainer, validation before RL, final metrics).
+
+  The final metrics hold the validation after RL and `val/gain`, `val/gain_se`: the paired change in
+  success over the fixed validation seeds and its standard error. Both validations carry `reading_metrics`:
+  how often the reasoning names the observed positions and the answer repeats the reasoning's moves.
+  """
+  rl_config = copy.deepcopy(config)
+  rl_config.env.name = env_name
+  rl_config.model.path = sft_dir
+  rl_config.workdir = workdir
+  trainer = Trainer.create(rl_config)
+  before = trainer.validation_rollout()
+  start = rollout_metrics(before, "val") | reading_metrics(env_name, before, trainer.exp.tokenizer)
+  log(f"{env_name}: SFT policy validation success {start['val/success']:.3f}; RL for {config.train.iterations} "
+      f"iterations ({config.train.env_groups} groups x {config.train.group_size})")
+  final = trainer.run()
+  trainer.checkpointer.close()
+  # The last iteration validated unless RL stopped early.
+  after = trainer.last_validation if "val/success" in final else trainer.validation_rollout()
+  gain, gain_se = paired_gain(mesh_lib.fetch(before.success), mesh_lib.fetch(after.success))
+  final |= (rollout_metrics(after, "val") | reading_metrics(env_name, after, trainer.exp.tokenizer)
+            | {"val/gain": gain, "val/gain_se": gain_se})
+  log(f"{env_name}: validation success {start['val/success']:.3f} -> {final['val/success']:.3f}, "
+      f"gain {gain:+.3f} +- {gain_se:.3f} (best {trainer.best_val_success:.3f}); reasoning names the observed "
+      f"positions in {start['val/positions_read']:.0%} -> {final['val/positions_read']:.0%} of turns, the answer "
+      f"repeats its moves in {start['val/answer_follows_reasoning']:.0%} -> "
+      f"{final['val/answer_follows_reasoning']:.0%}")
+  return trainer, start, final

@@ -1,0 +1,285 @@
+"""The training loop: rollout → score → diagnose → learn, with validation, checkpoints and metrics.
+
+`read_settings` validates every section of a config before anything is loaded; `Trainer.create`
+builds the experiment (`assembly`) and the train state; `train` runs a whole config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ragen_jax import mesh as mesh_lib
+from ragen_jax.assembly import Experiment, build_experiment, check_model_and_env
+from ragen_jax.checkpoint import Checkpointer, abstract_like
+from ragen_jax.config import ConfigError, check
+from ragen_jax.diagnostics.alarm import AlarmState, update_alarm
+from ragen_jax.diagnostics.collapse import (CollapseConfig, init_diagnostics_state, make_diagnostics_fn,
+                                            make_grad_analysis_fn, without_skipped)
+from ragen_jax.models.model import abstract_params, param_shardings
+from ragen_jax.report.writer import MetricWriter
+from ragen_jax.rl import early_stop
+from ragen_jax.rl import update as update_lib
+from ragen_jax.rl.presets import AlgorithmConfig
+from ragen_jax.rl.snr_filter import FilterConfig
+from ragen_jax.rollout.episodes import RolloutConfig, train_seeds
+from ragen_jax.trajectories import Trajectories, rollout_metrics
+
+DIAGNOSTIC_PREFIXES = ("collapse/", "grad_analysis/")  # logged under their own names, not update/
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """The `train` config section: batch, optimizer, validation and checkpoint settings (SPEC §2, §4)."""
+
+  iterations: int = 400
+  env_groups: int = 8
+  group_size: int = 16
+  seed_base: int = 10000
+  mini_batch_size: int = 32
+  micro_batch_size: int = 8
+  ppo_epochs: int = 1
+  actor_lr: float = 1e-6
+  critic_lr: float = 1e-5
+  beta1: float = 0.9
+  beta2: float = 0.999
+  weight_decay: float = 0.01
+  grad_clip: float = 1.0
+  val_every: int = 10  # 0: no validation
+  val_episodes: int = 512
+  val_seed_start: int = 123
+  checkpoint_every: int = 20
+  max_to_keep: int = 3
+  resume: bool = False
+
+  def __post_init__(self):
+    for name in ("iterations", "env_groups", "group_size", "val_episodes", "max_to_keep"):
+      check(f"train.{name}", getattr(self, name) >= 1, "must be >= 1", getattr(self, name))
+    for name in ("val_every", "checkpoint_every"):
+      check(f"train.{name}", getattr(self, name) >= 0, "must be >= 0 (0: never)", getattr(self, name))
+    for name in ("actor_lr", "critic_lr", "grad_clip"):
+      check(f"train.{name}", getattr(self, name) > 0, "must be > 0", getattr(self, name))
+
+  def optimizer(self, lr: float) -> update_lib.OptimizerConfig:
+    return update_lib.OptimizerConfig(lr=lr, beta1=self.beta1, beta2=self.beta2, weight_decay=self.weight_decay,
+                                      grad_clip=self.grad_clip)
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """Every training section of a config as its validated dataclass, and the update they make."""
+
+  rollout: RolloutConfig
+  algorithm: AlgorithmConfig
+  filter: FilterConfig
+  diagnostics: CollapseConfig
+  early_stop: early_stop.EarlyStopConfig
+  train: TrainConfig
+
+  def update_config(self) -> update_lib.UpdateConfig:
+    """The static settings of the update step these sections make."""
+    train, algorithm = self.train, self.algorithm
+    return update_lib.UpdateConfig(
+        algorithm=algorithm, filter=self.filter, num_groups=train.env_groups, group_size=train.group_size,
+        mini_batch_size=train.mini_batch_size, micro_batch_size=train.micro_batch_size, ppo_epochs=train.ppo_epochs,
+        policy_optimizer=train.optimizer(train.actor_lr),
+        critic_optimizer=train.optimizer(train.critic_lr) if algorithm.use_critic else None,
+        diagnostics_fn=make_diagnostics_fn(self.diagnostics, train.env_groups, train.group_size),
+        grad_analysis_fn=make_grad_analysis_fn(self.diagnostics, algorithm.loss, train.env_groups,
+                                               train.micro_batch_size))
+
+
+def read_settings(config) -> Settings:
+  """Validates every section of a training config; a bad value raises a one-line ConfigError naming its key,
+  before any model is loaded or compiled."""
+  rollout = RolloutConfig(**config.rollout.to_dict())
+  diagnostics = CollapseConfig(**config.diagnostics.to_dict())
+  settings = Settings(
+      rollout=rollout, algorithm=AlgorithmConfig(**config.algorithm.to_dict()),
+      filter=FilterConfig(**config.filter.to_dict()),
+      diagnostics=dataclasses.replace(diagnostics, max_reasoning_tokens=min(diagnostics.max_reasoning_tokens,
+                                                                            rollout.max_new_tokens)),
+      early_stop=early_stop.EarlyStopConfig(**config.early_stop.to_dict()), train=TrainConfig(**config.train.to_dict()))
+  settings.update_config()  # the sections must also fit together (batch splits)
+  check_model_and_env(config)
+  return settings
+
+
+def initial_state(exp: Experiment, update: update_lib.UpdateConfig, seed: int) -> update_lib.TrainState:
+  """Policy from the checkpoint, critic = policy trunk + zero value head, fresh optimizers."""
+  copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))
+  policy = copy(exp.model.params)
+  critic = None
+  if update.algorithm.use_critic:
+    abstract = abstract_params(exp.model.config, with_value_head=True)["value_head"]
+    shardings = param_shardings(exp.model.config, exp.mesh, with_value_head=True)["value_head"]
+    value_head = jax.tree.map(lambda a, s: jax.device_put(jnp.zeros(a.shape, a.dtype), s), abstract, shardings)
+    critic = {**copy(exp.model.params), "value_head": value_head}
+  diagnostics = None if update.diagnostics_fn is None else init_diagnostics_state(update.diagnostics_fn.cfg)
+  state = update_lib.init_train_state(update, policy, jax.random.PRNGKey(seed), critic, diagnostics)
+  return mesh_lib.put_replicated_if_elsewhere(state, exp.mesh)
+
+
+class Trainer:
+  """Holds the experiment, the train state and the host-side loop state; `run()` returns the final metrics."""
+
+  def __init__(self, exp: Experiment, settings: Settings):
+    self.exp, self.settings, self.update_config = exp, settings, settings.update_config()
+    self.workdir = exp.config.workdir
+    self.is_main = jax.process_index() == 0
+    self.state = initial_state(exp, self.update_config, exp.config.seed)
+    self.ref_params = exp.model.params if settings.algorithm.use_kl_loss else None
+    self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"), settings.train.checkpoint_every,
+                                     settings.train.max_to_keep)
+    self.iteration = 0
+    self.stop_state = early_stop.EarlyStopState()
+    self.alarm_state = AlarmState()
+    self.best_val_success = -1.0
+    self.last_validation: Trajectories | None = None
+
+  @classmethod
+  def create(cls, config) -> Trainer:
+    """Validates `config` (`read_settings`), then builds the experiment and the trainer."""
+    settings = read_settings(config)
+    exp = build_experiment(config, settings.rollout, settings.train.env_groups * settings.train.group_size)
+    train = settings.train
+    batch_shards = exp.mesh.shape["data"] * exp.mesh.shape["fsdp"]
+    if jax.process_count() > 1 and train.val_every and train.val_episodes % batch_shards:
+      raise ConfigError(f"train.val_episodes={train.val_episodes} does not divide over {batch_shards} data x fsdp "
+                        f"shards of the mesh (needed with {jax.process_count()} processes)")
+    return cls(exp, settings)
+
+  # ---- phases -------------------------------------------------------------
+  def validation_rollout(self) -> Trajectories:
+    """One episode per fixed validation seed, with the same sampling key every time."""
+    cfg = self.settings.train
+    seeds = np.arange(cfg.val_seed_start, cfg.val_seed_start + cfg.val_episodes)
+    return self.exp.source.run(self.state.policy, seeds, np.arange(len(seeds)), jax.random.PRNGKey(cfg.val_seed_start),
+                               split="validation")
+
+  def validate(self) -> dict[str, float]:
+    """Validation metrics; the trajectories are kept in `last_validation`."""
+    self.last_validation = self.validation_rollout()
+    return rollout_metrics(self.last_validation, "val")
+
+  def train_iteration(self) -> dict[str, float]:
+    exp, cfg, update = self.exp, self.settings.train, self.update_config
+    seeds = train_seeds(self.iteration, cfg.env_groups, cfg.group_size, cfg.seed_base)
+    group_ids = np.repeat(np.arange(cfg.env_groups), cfg.group_size)
+    key = jax.random.fold_in(jax.random.PRNGKey(exp.config.seed), self.iteration)
+    model_config = exp.model.config
+    times = {}
+    clock = time.perf_counter()
+
+    def finish(phase, result):
+      nonlocal clock
+      result = jax.block_until_ready(result)
+      now = time.perf_counter()
+      times[f"time/{phase}_s"] = now - clock
+      clock = now
+      return result
+
+    traj = finish("rollout", exp.source.run(self.state.policy, seeds, group_ids, key))
+    with jax.set_mesh(exp.mesh):
+      scores = finish("scoring", update_lib.score(model_config, update, self.state, self.ref_params, traj))
+      self.state, diag_metrics = finish("diagnostics", update_lib.diagnose(model_config, update, self.state, traj,
+                                                                           scores))
+      self.state, metrics = finish("update", update_lib.learn(model_config, update, self.state, traj, scores))
+      metrics = without_skipped(mesh_lib.fetch(diag_metrics | metrics), self.settings.diagnostics)
+    out = rollout_metrics(traj, "train") | {
+        (k if k.startswith(DIAGNOSTIC_PREFIXES) else f"update/{k}"): float(v) for k, v in metrics.items()}
+    out |= times | {"time/iteration_s": sum(times.values())}
+    return out
+
+  # ---- persistence ----------------------------------------------------------
+  def host_state(self) -> dict:
+    return {"iteration": self.iteration, "early_stop": self.stop_state.to_dict(),
+            "alarm": self.alarm_state.to_dict(), "best_val_success": self.best_val_success}
+
+  def try_resume(self) -> bool:
+    restored = self.checkpointer.restore_latest(abstract_like(self.state))
+    if restored is None:
+      return False
+    _, self.state, host = restored
+    self.iteration = host["iteration"]
+    self.stop_state = early_stop.EarlyStopState.from_dict(host["early_stop"])
+    self.alarm_state = AlarmState.from_dict(host["alarm"])
+    self.best_val_success = host["best_val_success"]
+    return True
+
+  # ---- loop -----------------------------------------------------------------
+  def run(self, iterations: int | None = None) -> dict[str, float]:
+    cfg, train = self.exp.config, self.settings.train
+    total = train.iterations if iterations is None else iterations
+    writer = MetricWriter(self.workdir, cfg.logging.tensorboard,
+                          cfg.logging.wandb_project if cfg.logging.wandb else None, cfg.to_dict(), self.is_main)
+    progress = _progress(total, self.iteration, cfg.logging.progress_bar and self.is_main, cfg.env.name)
+    last: dict[str, float] = {}
+    try:
+      while self.iteration < total:
+        metrics = self.train_iteration()
+        self.iteration += 1
+        if train.val_every and (self.iteration % train.val_every == 0 or self.iteration == total):
+          metrics |= self.validate()
+          self.best_val_success = max(self.best_val_success, metrics["val/success"])
+        reason = self._watch(metrics)
+        writer.write(self.iteration, metrics)
+        self.checkpointer.maybe_save(self.iteration, self.state, self.host_state(), force=bool(reason))
+        progress.update(1)
+        progress.set_postfix({k.split("/")[-1]: f"{metrics[k]:.3g}" for k in (
+            "train/success", "train/score", "val/success", "update/filter_kept_ratio",
+            "collapse/trajectory/mi_zscore") if k in metrics}, refresh=False)
+        last = metrics
+        if reason:
+          logging.warning("early stop at iteration %d: %s", self.iteration, reason)
+          last["early_stop"] = 1.0
+          break
+    finally:
+      progress.close()
+      writer.close()
+    return last
+
+  def _watch(self, metrics: dict[str, float]) -> str | None:
+    """Early-stopping rules and the template-collapse alarm; returns a stop reason or None."""
+    stop_cfg = self.settings.early_stop
+    self.stop_state, reason = early_stop.after_iteration(
+        self.stop_state, stop_cfg, filter_empty=bool(metrics.get("update/filter_empty", 0.0)),
+        in_group_reward_std=metrics.get("update/in_group_reward_std", 0.0))
+    if "val/success" in metrics and reason is None:
+      self.stop_state, reason = early_stop.after_validation(self.stop_state, stop_cfg, metrics["val/success"])
+    zscore = metrics.get("collapse/trajectory/mi_zscore")
+    if zscore is not None and metrics.get("collapse/computed", 1.0):
+      self.alarm_state, alarm = update_alarm(self.alarm_state, self.settings.diagnostics, zscore,
+                                             metrics.get("update/policy_entropy", float("nan")))
+      metrics["collapse/alarm"] = float(alarm.fired)
+      if alarm.fired:
+        logging.warning("iteration %d: %s", self.iteration, alarm.message)
+    return reason
+
+
+def _progress(total: int, initial: int, enabled: bool, desc: str):
+  from tqdm.auto import tqdm
+  return tqdm(total=total, initial=initial, desc=desc, disable=not enabled, dynamic_ncols=True)
+
+
+def train(config) -> dict[str, float]:
+  """Builds the trainer, resumes when asked, trains, and exports the final policy."""
+  trainer = Trainer.create(config)
+  if trainer.settings.train.resume and trainer.try_resume():
+    logging.info("resumed from iteration %d", trainer.iteration)
+  metrics = trainer.run()
+  policy = mesh_lib.fetch(trainer.state.policy)  # a gather every process takes part in
+  if trainer.is_main:
+    export_dir = os.path.join(config.workdir, "final_model")
+    dataclasses.replace(trainer.exp.model, params=policy).export(export_dir, trainer.exp.tokenizer)
+    with open(os.path.join(config.workdir, "final_metrics.json"), "w") as f:
+      json.dump(metrics, f, indent=2)
+  trainer.checkpointer.close()
+  return metrics
