@@ -10,8 +10,7 @@ import numpy as np
 import optax
 
 from ragen_jax.models.config import ModelConfig
-from ragen_jax.rl.logprobs import token_logp_and_entropy
-from ragen_jax.rl.masked import masked_mean
+from ragen_jax.scoring import masked_mean, token_logp_and_entropy
 
 
 def sft_loss(config: ModelConfig, params, tokens_BT, valid_BT, loss_mask_BT):

@@ -27,9 +27,8 @@ from ragen_jax.diagnostics.grad_buckets import (BUCKET_MODES, assign_buckets, bu
 from ragen_jax.diagnostics.mi import MARGINAL_CONVENTIONS, ZscoreEMA, apply_zscore_emas, mi_metrics_from_scores
 from ragen_jax.models.config import ModelConfig
 from ragen_jax.rl import snr_filter
-from ragen_jax.rl.logprobs import token_logp_and_entropy
 from ragen_jax.rl.losses import PolicyLossConfig, actor_loss
-from ragen_jax.rl.masked import masked_mean
+from ragen_jax.scoring import masked_mean, token_logp_and_entropy
 from ragen_jax.trajectories import Trajectories
 
 VARIANTS = ("first_turn", "trajectory")

@@ -149,7 +149,7 @@ def _pad_rows(x: jax.Array, multiple: int, fill=0) -> jax.Array:
 
 def _repeat_cache(cache: KVCache, times: int) -> KVCache:
   """Each row of `cache` repeated `times` times in a row (row-major pairs)."""
-  axes = ("cache_layers", "batch", "act_kv_heads", "cache_length", "head_dim")
+  axes = KVCache.KV_AXES
   return KVCache(k=constrain(jnp.repeat(cache.k, times, axis=1), axes),
                  v=constrain(jnp.repeat(cache.v, times, axis=1), axes),
                  valid=jnp.repeat(cache.valid, times, axis=0), segment=jnp.repeat(cache.segment, times, axis=0),

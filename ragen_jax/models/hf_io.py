@@ -116,15 +116,14 @@ def _reader(lazy: _LazyTensors, names, transpose: bool, shape, dtype) -> Callabl
   return read
 
 
-def load_params(path, config: ModelConfig, shardings) -> dict:
+def load_params(path, config: ModelConfig, abstract, shardings) -> dict:
   """Reads HF safetensors into our (unboxed) param tree, each leaf placed with `shardings`.
 
-  `shardings` is a pytree of NamedSharding with our param structure; its leaves'
-  shapes come from `abstract_params`.
+  `abstract` (ShapeDtypeStruct leaves, from `models.model.abstract_params`) gives our
+  param structure and each leaf's shape and dtype; `shardings` is a pytree of
+  NamedSharding with the same structure.
   """
-  from ragen_jax.models.model import abstract_params  # local: avoids an import cycle
-
-  abstract = traverse_util.flatten_dict(abstract_params(config))
+  abstract = traverse_util.flatten_dict(abstract)
   flat_shardings = traverse_util.flatten_dict(shardings)
   params = {}
   with contextlib.ExitStack() as stack:

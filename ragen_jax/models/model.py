@@ -101,5 +101,5 @@ def load_pretrained(path: str | os.PathLike, mesh: Mesh | None = None, dtype: st
   """
   config = ModelConfig.from_hf(hf_io.read_hf_config(path), **_resolve_dtypes(dtype, param_dtype))
   mesh = mesh or mesh_lib.single_device_mesh()
-  params = hf_io.load_params(path, config, param_shardings(config, mesh))
+  params = hf_io.load_params(path, config, abstract_params(config), param_shardings(config, mesh))
   return Model(config=config, params=params, mesh=mesh)

@@ -38,6 +38,8 @@ class KVCache:
   end: int32[], the next slot to write (shared by all rows; padded rows leave holes).
   """
 
+  KV_AXES = ("cache_layers", "batch", "act_kv_heads", "cache_length", "head_dim")  # logical axes of k and v
+
   k: jax.Array
   v: jax.Array
   valid: jax.Array

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from ragen_jax.rl.groups import group_stats
-from ragen_jax.rl.masked import masked_whiten
+from ragen_jax.scoring import masked_whiten
 
 
 def _reverse_masked_gae(rewards_BT, values_BT, mask_BT, restart_BT, gamma, lam):

@@ -12,7 +12,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from ragen_jax.rl.masked import masked_mean, masked_sum
+from ragen_jax.scoring import masked_mean, masked_sum
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 KL_ESTIMATORS = ("kl", "low_var_kl", "mse")
@@ -75,14 +75,6 @@ def kl_penalty(logp_BT: jax.Array, ref_logp_BT: jax.Array, estimator: str = "low
     k3_BT = jnp.exp(ref_minus_logp_BT) - ref_minus_logp_BT - 1.0
     return jnp.clip(k3_BT, -LOW_VAR_KL_LIMIT, LOW_VAR_KL_LIMIT)
   raise ValueError(f"kl estimator must be one of {KL_ESTIMATORS}, got {estimator!r}")
-
-
-def token_entropy(logits_BTV: jax.Array) -> jax.Array:
-  """Entropy of softmax(logits) at every position, float32[B, T], as log Z - sum(p * logits)."""
-  logits_BTV = logits_BTV.astype(jnp.float32)
-  log_normalizer_BT = jax.nn.logsumexp(logits_BTV, axis=-1)
-  probs_BTV = jnp.exp(logits_BTV - log_normalizer_BT[..., None])
-  return log_normalizer_BT - jnp.sum(probs_BTV * logits_BTV, axis=-1)
 
 
 def policy_loss(logp_BT: jax.Array, old_logp_BT: jax.Array, advantages_BT: jax.Array, mask_BT: jax.Array,

@@ -25,11 +25,10 @@ from ragen_jax.models.config import ModelConfig
 from ragen_jax.models.model import param_specs
 from ragen_jax.rl import advantages as adv_lib
 from ragen_jax.rl import snr_filter
-from ragen_jax.rl.logprobs import token_logp_and_entropy, token_values
 from ragen_jax.rl.losses import actor_loss, value_loss
-from ragen_jax.rl.masked import masked_mean
 from ragen_jax.rl.presets import AlgorithmConfig
 from ragen_jax.rl.snr_filter import FilterConfig
+from ragen_jax.scoring import masked_mean, token_logp_and_entropy, token_values
 from ragen_jax.trajectories import Trajectories
 
 

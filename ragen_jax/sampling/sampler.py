@@ -63,7 +63,7 @@ class Generation:
 
 
 def _constrain_cache(cache: KVCache) -> KVCache:
-  axes = ("cache_layers", "batch", "act_kv_heads", "cache_length", "head_dim")
+  axes = KVCache.KV_AXES
   return cache.replace(k=constrain(cache.k, axes), v=constrain(cache.v, axes),
                        valid=constrain(cache.valid, ("batch", "cache_length")),
                        segment=constrain(cache.segment, ("batch", "cache_length")))

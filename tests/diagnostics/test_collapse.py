@@ -16,11 +16,11 @@ from ragen_jax.diagnostics import ZscoreEMA, update_zscore_ema
 from ragen_jax.diagnostics.collapse import (CollapseConfig, init_diagnostics_state, make_diagnostics_fn,
                                             make_grad_analysis_fn, without_skipped)
 from ragen_jax.models import ModelConfig, init_params
-from ragen_jax.rl.logprobs import token_logp_and_entropy
 from ragen_jax.rl.losses import PolicyLossConfig, actor_loss
 from ragen_jax.rl.presets import preset
 from ragen_jax.rl.snr_filter import FilterConfig
 from ragen_jax.rl.update import UpdateConfig, init_train_state, update
+from ragen_jax.scoring import token_logp_and_entropy
 from tests.diagnostics.batch_fixtures import CLOSE, THINK, Episode, Turn, make_batch, random_episodes
 
 CONFIG = ModelConfig(vocab_size=32, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,

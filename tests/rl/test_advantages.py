@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 from ragen_jax.rl.advantages import bi_level_gae, gae, grpo
-from ragen_jax.rl.masked import masked_whiten
 
 
 def reference_gae(rewards, values, mask, gamma, lam):
@@ -134,15 +133,6 @@ def test_bi_level_with_one_turn_and_turn_gamma_one_equals_gae():
   want, _ = gae(*args, gamma=0.9, lam=0.7)
   got, _ = bi_level_gae(*args, jnp.asarray(last), gamma=0.9, lam=0.7, turn_gamma=1.0)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
-
-
-def test_masked_whiten_ignores_unmasked_values():
-  rng = np.random.default_rng(3)
-  x = rng.normal(size=(4, 9))
-  mask = rng.random((4, 9)) < 0.6
-  x_with_junk = np.where(mask, x, np.nan)
-  got = masked_whiten(jnp.asarray(x_with_junk, jnp.float32), jnp.asarray(mask))
-  np.testing.assert_allclose(np.asarray(got), reference_whiten(x, mask), rtol=1e-5, atol=1e-5)
 
 
 def test_grpo_and_drgrpo_hand_case():

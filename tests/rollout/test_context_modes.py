@@ -11,10 +11,10 @@ import pytest
 import torch
 import transformers
 
-from ragen_jax.rl.logprobs import token_logp_and_entropy
 from ragen_jax.rollout.device import device_rollout, slot_layout
 from ragen_jax.rollout.episodes import RolloutConfig, train_seeds, visible_from
 from ragen_jax.rollout.host import host_rollout, reprefill_policy
+from ragen_jax.scoring import token_logp_and_entropy
 
 SEEDS = train_seeds(0, num_groups=2, group_size=2)
 

@@ -1,4 +1,8 @@
-"""Teacher-forced per-token log-probs, entropies and critic values of a packed batch."""
+"""Scoring a packed [B, T] batch: teacher-forced per-token log-probs, entropies and
+critic values, and reductions over its masked (response) tokens.
+
+Shared by `rl` (the update), `diagnostics` and `sft`.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,33 @@ import jax.numpy as jnp
 
 from ragen_jax.models.config import ModelConfig
 from ragen_jax.models.transformer import Transformer
-from ragen_jax.rl.losses import token_entropy
+
+
+def masked_sum(x: jax.Array, mask: jax.Array, axis=None) -> jax.Array:
+  """Sum of `x` where `mask` is set (values outside the mask never leak, even NaN)."""
+  return jnp.sum(jnp.where(mask, x, 0.0), axis=axis)
+
+
+def masked_mean(x: jax.Array, mask: jax.Array, axis=None) -> jax.Array:
+  """Mean of `x` over the mask; 0 where the mask is empty."""
+  count = jnp.sum(mask.astype(jnp.float32), axis=axis)
+  return masked_sum(x, mask, axis) / jnp.maximum(count, 1.0)
+
+
+def masked_whiten(x: jax.Array, mask: jax.Array, eps: float = 1e-8) -> jax.Array:
+  """(x − mean) / sqrt(var + eps) over the mask, var unbiased (as verl); 0 outside."""
+  count = jnp.sum(mask.astype(jnp.float32))
+  mean = masked_mean(x, mask)
+  var = masked_sum(jnp.square(x - mean), mask) / jnp.maximum(count - 1.0, 1.0)
+  return jnp.where(mask, (x - mean) * jax.lax.rsqrt(var + eps), 0.0)
+
+
+def token_entropy(logits_BTV: jax.Array) -> jax.Array:
+  """Entropy of softmax(logits) at every position, float32[B, T], as log Z - sum(p * logits)."""
+  logits_BTV = logits_BTV.astype(jnp.float32)
+  log_normalizer_BT = jax.nn.logsumexp(logits_BTV, axis=-1)
+  probs_BTV = jnp.exp(logits_BTV - log_normalizer_BT[..., None])
+  return log_normalizer_BT - jnp.sum(probs_BTV * logits_BTV, axis=-1)
 
 
 def _shift_right(x_BT, fill=0.0):

@@ -1,14 +1,17 @@
-"""Teacher-forced log-probs, entropies and their gradients against transformers' PyTorch models."""
+"""Teacher-forced log-probs, entropies and their gradients against transformers' PyTorch models;
+masked reductions against float64 numpy."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 
 from ragen_jax.models import load_pretrained
-from ragen_jax.rl.logprobs import token_logp_and_entropy
+from ragen_jax.scoring import masked_whiten, token_entropy, token_logp_and_entropy
 from ragen_jax.sft import sft_loss
 from tests.models.hf_fixtures import save_hf_model
+from tests.rl.test_advantages import reference_whiten
 
 
 def _tokens_and_masks(vocab, batch=3, length=19):
@@ -47,3 +50,18 @@ def test_logp_entropy_and_loss_gradient_match_torch(variant, tmp_path):
   np.testing.assert_allclose(np.asarray(grads["layers"]["gate_proj"]["kernel"][1]), gate_ref, atol=1e-6, rtol=1e-4)
   embed_ref = hf_model.model.embed_tokens.weight.grad.numpy()
   np.testing.assert_allclose(np.asarray(grads["embed_tokens"]["embedding"]), embed_ref, atol=1e-6, rtol=1e-4)
+
+
+def test_token_entropy_matches_torch():
+  logits = np.random.default_rng(1).normal(size=(2, 3, 11)).astype(np.float32) * 3
+  want = torch.distributions.Categorical(logits=torch.from_numpy(logits)).entropy().numpy()
+  np.testing.assert_allclose(np.asarray(token_entropy(jnp.asarray(logits))), want, rtol=1e-5, atol=1e-6)
+
+
+def test_masked_whiten_ignores_unmasked_values():
+  rng = np.random.default_rng(3)
+  x = rng.normal(size=(4, 9))
+  mask = rng.random((4, 9)) < 0.6
+  x_with_junk = np.where(mask, x, np.nan)
+  got = masked_whiten(jnp.asarray(x_with_junk, jnp.float32), jnp.asarray(mask))
+  np.testing.assert_allclose(np.asarray(got), reference_whiten(x, mask), rtol=1e-5, atol=1e-5)
