@@ -14,6 +14,7 @@ import transformers
 from ragen_jax.rollout.device import device_rollout, slot_layout
 from ragen_jax.rollout.episodes import RolloutConfig, train_seeds, visible_from
 from ragen_jax.rollout.host import host_rollout, reprefill_policy
+from ragen_jax.sampling import SamplingRule
 from ragen_jax.scoring import token_logp_and_entropy
 
 SEEDS = train_seeds(0, num_groups=2, group_size=2)
@@ -135,6 +136,14 @@ def test_window_rule_cases():
   assert int(visible_from(unlimited, 3, turn_tokens, 1000, 20)) == 1
   with pytest.raises(ValueError, match="rollout.max_context_window"):
     RolloutConfig(context_window_mode="limited_multi_turn", max_context_window=0)
+
+
+def test_validation_samples_at_its_own_temperature_without_truncation():
+  config = RolloutConfig(temperature=0.9, top_k=5, top_p=0.8, val_temperature=0.3)
+  assert config.for_split("train") is config
+  assert config.for_split("validation").rule == SamplingRule(temperature=0.3, top_k=0, top_p=1.0)
+  with pytest.raises(ValueError, match="split='test' is not one of 'train', 'validation'"):
+    config.for_split("test")
 
 
 def test_mi_scorer_reads_prompts_through_the_sampling_windows(single_turn, replying_model):
