@@ -1,8 +1,8 @@
 """Assembly: a config turned into mesh, model, tokenizer, environment and rollout source.
 
 Entry points (`train`, `evaluate`, the demo) build what they need here and never import one
-another. `check_model_and_env` validates the `model` and `env` sections; `build_experiment`
-then loads and places everything (nothing is compiled yet).
+another. `check_model_and_env` validates the `model` and `env` sections; `build_mesh` and
+`build_experiment` then load and place everything (nothing is compiled yet).
 """
 
 from __future__ import annotations
@@ -57,23 +57,30 @@ class Experiment:
   source: RolloutSource
 
 
-def build_experiment(config, rollout: RolloutConfig, batch_size: int | None = None,
-                     env_name: str | None = None) -> Experiment:
-  """Mesh, model, tokenizer and the rollout source of `env_name` (default `env.name`); `batch_size`: the
-  training batch, which must divide over the mesh's batch shards.
+def build_mesh(config, batch_size: int | None = None) -> jax.sharding.Mesh:
+  """The mesh of the `mesh` section; `batch_size` (the training batch) must divide over its batch shards.
 
   With `distributed.enabled`, first joins the other processes (jax.distributed); the mesh then spans all of them.
   """
-  check_model_and_env(config, env_name)
-  name = config.env.name if env_name is None else env_name
   distributed.initialize(config.distributed)
   mesh = mesh_lib.mesh_from_config(config.mesh)
-  batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]
-  if batch_size is not None and batch_size % batch_shards:
-    raise ConfigError(f"the batch of {batch_size} episodes does not divide over {batch_shards} data x fsdp shards "
-                      f"of the mesh")
-  if jax.process_count() > 1:
-    _check_multi_process(config, mesh, name)
+  if batch_size is not None and batch_size % mesh_lib.batch_shards(mesh):
+    raise ConfigError(f"the batch of {batch_size} episodes does not divide over {mesh_lib.batch_shards(mesh)} data x fsdp "
+                      f"shards of the mesh")
+  if jax.process_count() > 1 and mesh.size != jax.device_count():
+    raise ConfigError(f"mesh.num_devices={config.mesh.num_devices}: with {jax.process_count()} processes the mesh "
+                      f"must span all {jax.device_count()} devices (-1)")
+  return mesh
+
+
+def build_experiment(config, rollout: RolloutConfig, mesh: jax.sharding.Mesh,
+                     env_name: str | None = None) -> Experiment:
+  """Model, tokenizer and the rollout source of `env_name` (default `env.name`) on `mesh` (`build_mesh`)."""
+  check_model_and_env(config, env_name)
+  name = config.env.name if env_name is None else env_name
+  if jax.process_count() > 1 and name in host_envs.REGISTRY:
+    raise ConfigError(f"env {name!r} is a host text environment, whose rollout is not split over processes yet; "
+                      f"run it as one process (any number of local devices)")
   path = config.model.path or str(bundled_model_dir())
   tokenizer = transformers.AutoTokenizer.from_pretrained(path)
   model = load_pretrained(path, mesh=mesh, dtype=config.model.dtype, param_dtype=config.model.param_dtype)
@@ -89,13 +96,3 @@ def build_experiment(config, rollout: RolloutConfig, batch_size: int | None = No
                           mesh=mesh)
   return Experiment(config=config, mesh=mesh, model=model, tokenizer=tokenizer, source=source)
 
-
-def _check_multi_process(config, mesh: jax.sharding.Mesh, env_name: str):
-  """Each process places its slice of every batch on its own devices of a mesh over all devices."""
-  processes = jax.process_count()
-  if mesh.size != jax.device_count():
-    raise ConfigError(f"mesh.num_devices={config.mesh.num_devices}: with {processes} processes the mesh "
-                      f"must span all {jax.device_count()} devices (-1)")
-  if env_name in host_envs.REGISTRY:
-    raise ConfigError(f"env {env_name!r} is a host text environment, whose rollout is not split "
-                      f"over processes yet; run it as one process (any number of local devices)")

@@ -17,7 +17,7 @@ from absl import logging
 
 from ragen_jax import config as config_lib
 from ragen_jax import mesh as mesh_lib
-from ragen_jax.assembly import build_experiment, check_model_and_env
+from ragen_jax.assembly import build_experiment, build_mesh, check_model_and_env
 from ragen_jax.rollout.episodes import RolloutConfig
 from ragen_jax.trainer import TrainConfig
 from ragen_jax.trajectories import rollout_metrics
@@ -42,9 +42,9 @@ def read_settings(config) -> tuple[list[str], RolloutConfig, TrainConfig]:
   return env_names, RolloutConfig(**config.rollout.to_dict()), TrainConfig(**config.train.to_dict())
 
 
-def evaluate_env(config, env_name: str, rollout: RolloutConfig, val: TrainConfig) -> dict[str, float]:
+def evaluate_env(config, mesh, env_name: str, rollout: RolloutConfig, val: TrainConfig) -> dict[str, float]:
   """The validation seeds of `val`, `evaluate.k` samples each at the validation temperature."""
-  exp = build_experiment(config, rollout, env_name=env_name)
+  exp = build_experiment(config, rollout, mesh, env_name)
   k = config.evaluate.k
   seeds = np.repeat(np.arange(val.val_seed_start, val.val_seed_start + val.val_episodes), k)
   group_ids = np.repeat(np.arange(val.val_episodes), k)
@@ -69,7 +69,8 @@ def markdown_table(results: dict[str, dict[str, float]]) -> str:
 def main(config):
   logging.set_verbosity(logging.WARNING)  # the table, not the checkpoint library's INFO lines
   env_names, rollout, val = read_settings(config)
-  results = {name: evaluate_env(config, name, rollout, val) for name in env_names}
+  mesh = build_mesh(config)
+  results = {name: evaluate_env(config, mesh, name, rollout, val) for name in env_names}
   if jax.process_index():  # process 0 writes the results
     return
   os.makedirs(config.workdir, exist_ok=True)

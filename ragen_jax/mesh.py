@@ -57,6 +57,11 @@ def single_device_mesh() -> Mesh:
   return make_mesh(1, 1, 1, devices=jax.devices()[:1])
 
 
+def batch_shards(mesh: Mesh) -> int:
+  """How many ways a batch is split over the mesh (data x fsdp)."""
+  return mesh.shape["data"] * mesh.shape["fsdp"]
+
+
 def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
   """Shards the leading (batch) axis over data × fsdp, replicates the rest."""
   return NamedSharding(mesh, PartitionSpec(("data", "fsdp"), *([None] * (ndim - 1))))

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ragen_jax import mesh as mesh_lib
-from ragen_jax.assembly import Experiment, build_experiment, check_model_and_env
+from ragen_jax.assembly import Experiment, build_experiment, build_mesh, check_model_and_env
 from ragen_jax.checkpoint import Checkpointer, abstract_like
 from ragen_jax.config import ConfigError, check
 from ragen_jax.diagnostics.alarm import AlarmState, update_alarm
@@ -148,13 +148,12 @@ class Trainer:
   def create(cls, config) -> Trainer:
     """Validates `config` (`read_settings`), then builds the experiment and the trainer."""
     settings = read_settings(config)
-    exp = build_experiment(config, settings.rollout, settings.train.env_groups * settings.train.group_size)
     train = settings.train
-    batch_shards = exp.mesh.shape["data"] * exp.mesh.shape["fsdp"]
-    if jax.process_count() > 1 and train.val_every and train.val_episodes % batch_shards:
-      raise ConfigError(f"train.val_episodes={train.val_episodes} does not divide over {batch_shards} data x fsdp "
-                        f"shards of the mesh (needed with {jax.process_count()} processes)")
-    return cls(exp, settings)
+    mesh = build_mesh(config, train.env_groups * train.group_size)
+    if jax.process_count() > 1 and train.val_every and train.val_episodes % mesh_lib.batch_shards(mesh):
+      raise ConfigError(f"train.val_episodes={train.val_episodes} does not divide over {mesh_lib.batch_shards(mesh)} data x "
+                        f"fsdp shards of the mesh (needed with {jax.process_count()} processes)")
+    return cls(build_experiment(config, settings.rollout, mesh), settings)
 
   # ---- phases -------------------------------------------------------------
   def validation_rollout(self) -> Trajectories:

@@ -61,8 +61,7 @@ def forward_logits(config: ModelConfig, params, tokens_BT, valid_BT=None):
 
 def input_sharding(mesh: Mesh, shape) -> NamedSharding:
   """Batch-sharded over data × fsdp when the batch divides, else replicated."""
-  batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]
-  if shape[0] % batch_shards == 0:
+  if shape[0] % mesh_lib.batch_shards(mesh) == 0:
     return mesh_lib.batch_sharding(mesh, len(shape))
   return NamedSharding(mesh, PartitionSpec())
 
