@@ -12,7 +12,7 @@ import numpy as np
 
 from envs import text as env_text
 from ragen_jax.rollout import prompt
-from ragen_jax.sampling import SamplingRule
+from ragen_jax.sampling import SamplingRule, stop_sequence_array
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +70,6 @@ class RolloutAssets:
 
 def build_assets(tokenizer, env, env_params, config: RolloutConfig, table_size: int | None = None) -> RolloutAssets:
   """Tokenises prompts, observations and stop sequences for `env` (host, once)."""
-  from ragen_jax.sampling import stop_sequence_array
   vocab = env_text.Vocab(tokenizer, table_size=table_size)
   pieces = prompt.ChatPieces.from_tokenizer(tokenizer)
   system = prompt.system_text(env.instruction_text(env_params, config.max_actions_per_traj))
