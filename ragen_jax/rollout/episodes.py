@@ -80,10 +80,18 @@ def build_assets(tokenizer, env, env_params, config: RolloutConfig, table_size: 
                        stop_sequences=jnp.asarray(stops))
 
 
-def reasoning_length(vocab: env_text.VocabTable, ids_N, length) -> jax.Array:
-  """Tokens of a reply strictly before the token where `</think>` starts (0 if absent)."""
-  index, found = env_text.find_token(vocab, ids_N, length, prompt.THINK_CLOSE)
-  return jnp.where(found, index, 0).astype(jnp.int32)
+@jax.jit
+def reasoning_lengths(vocab: env_text.VocabTable, ids_BN, lengths_B) -> jax.Array:
+  """int32[B]: tokens of each reply (ids_BN[:lengths_B]) strictly before the token where `</think>` starts
+  (0 if absent); the reasoning length of every rollout path.
+
+  The search runs on the replies' bytes (`envs.text.find_token`), so it finds `</think>` however the
+  model split it into tokens (a search for the ids of `tokenizer.encode("</think>")` would miss other
+  splits); a token that holds bytes before `</think>` as well is not counted.
+  """
+  find = functools.partial(env_text.find_token, pattern=prompt.THINK_CLOSE)
+  index_B, found_B = jax.vmap(find, in_axes=(None, 0, 0))(vocab, ids_BN, lengths_B)
+  return jnp.where(found_B, index_B, 0).astype(jnp.int32)
 
 
 @flax.struct.dataclass
