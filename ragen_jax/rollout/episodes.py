@@ -13,7 +13,7 @@ import numpy as np
 from envs import text as env_text
 from ragen_jax.config import check, check_one_of
 from ragen_jax.rollout import prompt
-from ragen_jax.sampling import SamplingRule
+from ragen_jax.sampling import SamplingRule, stop_sequence_array
 
 
 CONTEXT_MODES = ("full", "limited_multi_turn", "single_turn")
@@ -101,7 +101,6 @@ class RolloutAssets:
 
 def build_assets(tokenizer, env, env_params, config: RolloutConfig, table_size: int | None = None) -> RolloutAssets:
   """Tokenises prompts, observations and stop sequences for `env` (host, once)."""
-  from ragen_jax.sampling import stop_sequence_array
   vocab = env_text.Vocab(tokenizer, table_size=table_size)
   pieces = prompt.ChatPieces.from_tokenizer(tokenizer)
   system = prompt.system_text(env.instruction_text(env_params, config.max_actions_per_traj))
@@ -112,10 +111,18 @@ def build_assets(tokenizer, env, env_params, config: RolloutConfig, table_size: 
                        stop_sequences=jnp.asarray(stops))
 
 
-def reasoning_length(vocab: env_text.VocabTable, ids_N, length) -> jax.Array:
-  """Tokens of a reply strictly before the token where `</think>` starts (0 if absent)."""
-  index, found = env_text.find_token(vocab, ids_N, length, prompt.THINK_CLOSE)
-  return jnp.where(found, index, 0).astype(jnp.int32)
+@jax.jit
+def reasoning_lengths(vocab: env_text.VocabTable, ids_BN, lengths_B) -> jax.Array:
+  """int32[B]: tokens of each reply (ids_BN[:lengths_B]) strictly before the token where `</think>` starts
+  (0 if absent); the reasoning length of every rollout path.
+
+  The search runs on the replies' bytes (`envs.text.find_token`), so it finds `</think>` however the
+  model split it into tokens (a search for the ids of `tokenizer.encode("</think>")` would miss other
+  splits); a token that holds bytes before `</think>` as well is not counted.
+  """
+  find = functools.partial(env_text.find_token, pattern=prompt.THINK_CLOSE)
+  index_B, found_B = jax.vmap(find, in_axes=(None, 0, 0))(vocab, ids_BN, lengths_B)
+  return jnp.where(found_B, index_B, 0).astype(jnp.int32)
 
 
 @flax.struct.dataclass

@@ -156,10 +156,10 @@ def first_chunk(tables: TurnTables, obs_ids, obs_len, actions_left):
                (obs_ids, obs_len), env_text.render_slots(tables.tail, jnp.asarray([actions_left], jnp.int32)))
 
 
-def chunk_segments(tables: TurnTables, chunk_len: int, turn) -> jax.Array:
-  """Jittable: int32[chunk_len] segment ids of a turn's chunk: 0 for the system prompt
-  (always visible), turn + 1 for the rest (see `models.transformer`)."""
-  system = (jnp.arange(chunk_len) < tables.system.max_tokens) & (turn == 0)
+def chunk_segments(system_tokens: int, chunk_len: int, turn) -> jax.Array:
+  """Jittable: int32[chunk_len] segment ids of a turn's chunk: 0 for the system prompt (turn 0's
+  first `system_tokens`, always visible), turn + 1 for the rest (see `models.transformer`)."""
+  system = (jnp.arange(chunk_len) < system_tokens) & (turn == 0)
   return jnp.where(system, 0, turn + 1).astype(jnp.int32)
 
 

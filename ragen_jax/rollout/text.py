@@ -7,16 +7,24 @@ score the decoded replies (code candidates in parallel, see `envs.host.score_bat
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import numpy as np
 
+from envs import text as env_text
 from envs.host import score_batch
-from envs.text import ANSWER_CLOSE
 from ragen_jax.rollout import prompt
-from ragen_jax.rollout.episodes import RolloutConfig
-from ragen_jax.rollout.host import EpisodeRecord, assemble, context_windows
-from ragen_jax.sampling import SamplingSession, stop_sequence_array
-from ragen_jax.trajectories import Trajectories
+from ragen_jax.rollout.episodes import RolloutConfig, reasoning_lengths
+from ragen_jax.rollout.host import context_windows, next_offsets, reprefill
+from ragen_jax.sampling import pad_batch, stop_sequence_array
+from ragen_jax.trajectories import Trajectories, TrajectoryWriter
+
+
+@functools.lru_cache(maxsize=4)
+def _vocab_table(tokenizer) -> env_text.VocabTable:
+  """The tokenizer's token bytes, for `reasoning_lengths` (built once per tokenizer)."""
+  return env_text.Vocab(tokenizer).table
 
 
 def text_rollout(model, tokenizer, make_env, config: RolloutConfig, seeds_B, group_ids_B, key, seq_len: int,
@@ -27,44 +35,41 @@ def text_rollout(model, tokenizer, make_env, config: RolloutConfig, seeds_B, gro
   observations = [env.reset(int(seed), split) for env, seed in zip(envs, seeds_B)]
   system = prompt.system_text(envs[0].instruction)
   max_turns = min(config.max_turns, envs[0].max_turns)
-  records = [EpisodeRecord() for _ in envs]
+  writer = TrajectoryWriter.empty(len(envs), seq_len, config.max_turns)
   done = np.zeros(len(envs), bool)
   success = np.zeros(len(envs), bool)
   rewards = np.zeros(len(envs), np.float32)
-  stops = stop_sequence_array([tokenizer.encode(ANSWER_CLOSE, add_special_tokens=False)])
-  think_close = tokenizer.encode(prompt.THINK_CLOSE, add_special_tokens=False)
+  stops = stop_sequence_array([tokenizer.encode(env_text.ANSWER_CLOSE, add_special_tokens=False)])
+  vocab = _vocab_table(tokenizer)
   eos = set(model.config.eos_token_ids)
   turn_keys = jax.random.split(key, max_turns)
   ended_by_eos = np.zeros(len(envs), bool)
   system_ids = tokenizer.encode(pieces.system_open + system + pieces.system_to_user, add_special_tokens=False)
   for turn in range(max_turns):
-    chunks = {}
+    chunks = [[] for _ in envs]
     for i in np.flatnonzero(~done):
       text = "" if turn == 0 else ("" if ended_by_eos[i] else pieces.end_of_reply) + pieces.reply_to_user
       if turn:
         text += f"Reward:\n{prompt.format_reward(float(rewards[i]))}\n"
       text += prompt.user_text(turn, observations[i], max_turns - turn, config.max_new_tokens)
-      chunks[i] = tokenizer.encode(text + pieces.generation_open + prompt.THINK_OPEN, add_special_tokens=False)
-    chunk_tokens = [len(chunks.get(i, ())) for i in range(len(envs))]
-    windows = context_windows(config, turn, records, chunk_tokens, len(system_ids))
-    for i, ids in chunks.items():
-      system_tokens = len(system_ids) if turn == 0 else 0
-      records[i].add_prompt((system_ids if turn == 0 else []) + ids, turn, int(windows[i]), system_tokens)
-    session = SamplingSession.for_replies(model, [r.tokens for r in records], config.max_new_tokens,
-                                          [r.segment for r in records], [r.visible_from for r in records])
-    gen = session.generate(config.max_new_tokens, config.rule, stop_sequences=stops, key=turn_keys[turn],
-                           active=~done)
-    tokens, lengths, logp = (np.asarray(x) for x in (gen.tokens_BN, gen.lengths_B, gen.model_logp_BN))
-    active = np.flatnonzero(~done)
-    replies = [tokenizer.decode([t for t in tokens[i, :lengths[i]] if t not in eos]) for i in active]
-    steps = score_batch([envs[i] for i in active], [prompt.THINK_OPEN + r for r in replies])
-    for i, step in zip(active, steps):
-      ids = tokens[i, :lengths[i]].tolist()
-      reward = step.reward + (0.0 if step.format_ok else config.format_penalty)
-      reasoning = next((k for k in range(len(ids)) if ids[k:k + len(think_close)] == think_close), 0)
-      records[i].add_reply(ids, logp[i, :lengths[i]].tolist(), turn, reward, step.format_ok, reasoning,
-                           int(step.format_ok))
-      rewards[i], success[i], observations[i] = reward, step.success, step.observation
-      done[i] = step.done
+      chunks[i] = (system_ids if turn == 0 else []) + tokenizer.encode(
+          text + pieces.generation_open + prompt.THINK_OPEN, add_special_tokens=False)
+    system_tokens = len(system_ids) if turn == 0 else 0
+    tokens_BT, valid_BT = pad_batch(chunks, side="right")
+    windows = context_windows(config, turn, writer, valid_BT.sum(1) - system_tokens, len(system_ids))
+    writer = writer.write_chunk(next_offsets(writer, valid_BT.sum(1), seq_len), turn, tokens_BT, valid_BT,
+                                prompt.chunk_segments(system_tokens, tokens_BT.shape[1], turn), windows)
+    active = ~done
+    gen = reprefill(model, config, writer, stops, turn_keys[turn], active)
+    tokens, lengths = np.asarray(gen.tokens_BN), np.asarray(gen.lengths_B)
+    replies = [tokenizer.decode([t for t in tokens[i, :lengths[i]] if t not in eos]) for i in np.flatnonzero(active)]
+    steps = score_batch([envs[i] for i in np.flatnonzero(active)], [prompt.THINK_OPEN + r for r in replies])
+    format_ok = np.zeros(len(envs), bool)
+    for i, step in zip(np.flatnonzero(active), steps):
+      rewards[i] = step.reward + (0.0 if step.format_ok else config.format_penalty)
+      format_ok[i], success[i], observations[i], done[i] = step.format_ok, step.success, step.observation, step.done
+    writer = writer.write_reply(next_offsets(writer, np.where(active, lengths, 0), seq_len), turn, active,
+                                gen.tokens_BN, gen.lengths_B, gen.model_logp_BN, windows, rewards, format_ok,
+                                reasoning_lengths(vocab, gen.tokens_BN, gen.lengths_B), format_ok.astype(np.int32))
     ended_by_eos = np.asarray(gen.ended_by_eos_B)
-  return assemble(records, success, np.asarray(group_ids_B), seq_len, config.max_turns)
+  return jax.device_get(writer.finish(success, group_ids_B))

@@ -62,6 +62,17 @@ class Generation:
   model_logp_BN: jax.Array
 
 
+@flax.struct.dataclass
+class _Decoding:
+  """The decode loop's carry: the cache and logits, the key, the step, which rows are done, the output so far."""
+
+  state: SamplerState
+  key: jax.Array
+  step: jax.Array
+  done_B: jax.Array
+  out: Generation
+
+
 def _constrain_cache(cache: KVCache) -> KVCache:
   axes = KVCache.KV_AXES
   return cache.replace(k=constrain(cache.k, axes), v=constrain(cache.v, axes),
@@ -147,31 +158,31 @@ def decode(config: ModelConfig, params, state: SamplerState, key, *, rule: Sampl
   segment_B1 = None if segment_B is None else segment_B[:, None]
   visible_from_B1 = None if visible_from_B is None else visible_from_B[:, None]
   zeros_BN = jnp.zeros((batch, max_new_tokens), jnp.float32)
-  init = dict(state=state, key=key, step=jnp.zeros((), jnp.int32), done=done_B,
-              n=jnp.zeros((batch,), jnp.int32), eos=jnp.zeros((batch,), bool), stop=jnp.zeros((batch,), bool),
-              tokens=jnp.full((batch, max_new_tokens), PAD_ID, jnp.int32), slp=zeros_BN, mlp=zeros_BN)
+  init = _Decoding(state=state, key=key, step=jnp.zeros((), jnp.int32), done_B=done_B, out=Generation(
+      tokens_BN=jnp.full((batch, max_new_tokens), PAD_ID, jnp.int32), lengths_B=jnp.zeros((batch,), jnp.int32),
+      ended_by_eos_B=jnp.zeros((batch,), bool), ended_by_stop_B=jnp.zeros((batch,), bool),
+      sampling_logp_BN=zeros_BN, model_logp_BN=zeros_BN))
 
-  def cond(c):
-    return (c["step"] < max_new_tokens) & ~jnp.all(c["done"])
+  def cond(c: _Decoding):
+    return (c.step < max_new_tokens) & ~jnp.all(c.done_B)
 
-  def body(c):
-    key, step_key = jax.random.split(c["key"])
-    token, slp, mlp = sample(step_key, c["state"].logits_BV, rule)
-    active = ~c["done"]
+  def body(c: _Decoding) -> _Decoding:
+    key, step_key = jax.random.split(c.key)
+    token, slp, mlp = sample(step_key, c.state.logits_BV, rule)
+    active = ~c.done_B
     token = jnp.where(active, token, PAD_ID)
-    at = (0, c["step"])
-    tokens = jax.lax.dynamic_update_slice(c["tokens"], token[:, None], at)
-    n = c["n"] + active  # a row is active from step 0 until done, so its tokens are columns [0, n)
+    write = lambda out_BN, x_B: jax.lax.dynamic_update_slice(out_BN, x_B[:, None], (0, c.step))  # noqa: E731
+    tokens = write(c.out.tokens_BN, token)
+    n = c.out.lengths_B + active  # a row is active from step 0 until done, so its tokens are columns [0, n)
     eos = active & jnp.isin(token, eos_ids)
     stop = active & ~eos & _ends_with_stop(tokens, n, stops)
-    done = c["done"] | eos | stop | (n >= limit_B)
-    new_state = _extend(config, params, c["state"], token[:, None], active[:, None], segment_B1, visible_from_B1)
-    return dict(state=new_state, key=key, step=c["step"] + 1, done=done, n=n, eos=c["eos"] | eos,
-                stop=c["stop"] | stop, tokens=tokens,
-                slp=jax.lax.dynamic_update_slice(c["slp"], jnp.where(active, slp, 0.0)[:, None], at),
-                mlp=jax.lax.dynamic_update_slice(c["mlp"], jnp.where(active, mlp, 0.0)[:, None], at))
+    out = Generation(tokens_BN=tokens, lengths_B=n, ended_by_eos_B=c.out.ended_by_eos_B | eos,
+                     ended_by_stop_B=c.out.ended_by_stop_B | stop,
+                     sampling_logp_BN=write(c.out.sampling_logp_BN, jnp.where(active, slp, 0.0)),
+                     model_logp_BN=write(c.out.model_logp_BN, jnp.where(active, mlp, 0.0)))
+    return _Decoding(
+        state=_extend(config, params, c.state, token[:, None], active[:, None], segment_B1, visible_from_B1),
+        key=key, step=c.step + 1, done_B=c.done_B | eos | stop | (n >= limit_B), out=out)
 
-  out = jax.lax.while_loop(cond, body, init)
-  return out["state"], Generation(tokens_BN=out["tokens"], lengths_B=out["n"], ended_by_eos_B=out["eos"],
-                                  ended_by_stop_B=out["stop"], sampling_logp_BN=out["slp"],
-                                  model_logp_BN=out["mlp"])
+  final = jax.lax.while_loop(cond, body, init)
+  return final.state, final.out
