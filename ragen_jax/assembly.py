@@ -15,6 +15,7 @@ import transformers
 
 import envs
 from envs import host as host_envs
+from envs import text as env_text
 from ragen_jax import distributed
 from ragen_jax import mesh as mesh_lib
 from ragen_jax.config import ConfigError, check_one_of
@@ -64,9 +65,10 @@ def build_mesh(config, batch_size: int | None = None) -> jax.sharding.Mesh:
   """
   distributed.initialize(config.distributed)
   mesh = mesh_lib.mesh_from_config(config.mesh)
-  if batch_size is not None and batch_size % mesh_lib.batch_shards(mesh):
-    raise ConfigError(f"the batch of {batch_size} episodes does not divide over {mesh_lib.batch_shards(mesh)} data x fsdp "
-                      f"shards of the mesh")
+  shards = mesh_lib.batch_shards(mesh)
+  if batch_size is not None and batch_size % shards:
+    raise ConfigError(f"the batch of {batch_size} episodes does not divide over {shards} data x fsdp shards of the "
+                      f"mesh")
   if jax.process_count() > 1 and mesh.size != jax.device_count():
     raise ConfigError(f"mesh.num_devices={config.mesh.num_devices}: with {jax.process_count()} processes the mesh "
                       f"must span all {jax.device_count()} devices (-1)")
@@ -89,7 +91,8 @@ def build_experiment(config, rollout: RolloutConfig, mesh: jax.sharding.Mesh,
         model.config, eos_token_ids=model.config.eos_token_ids + (tokenizer.eos_token_id,)))
   env, env_params = _environment(name, config.env.params.to_dict())
   if name in host_envs.REGISTRY:
-    source = TextSource(model=model, tokenizer=tokenizer, make_env=env, config=rollout)
+    source = TextSource(model=model, tokenizer=tokenizer, vocab=env_text.Vocab(tokenizer).table, make_env=env,
+                        config=rollout)
   else:
     assets = build_assets(tokenizer, env, env_params, rollout, table_size=model.config.vocab_size)
     source = DeviceSource(model_config=model.config, env=env, env_params=env_params, assets=assets, config=rollout,

@@ -150,9 +150,10 @@ class Trainer:
     settings = read_settings(config)
     train = settings.train
     mesh = build_mesh(config, train.env_groups * train.group_size)
-    if jax.process_count() > 1 and train.val_every and train.val_episodes % mesh_lib.batch_shards(mesh):
-      raise ConfigError(f"train.val_episodes={train.val_episodes} does not divide over {mesh_lib.batch_shards(mesh)} data x "
-                        f"fsdp shards of the mesh (needed with {jax.process_count()} processes)")
+    shards = mesh_lib.batch_shards(mesh)
+    if jax.process_count() > 1 and train.val_every and train.val_episodes % shards:
+      raise ConfigError(f"train.val_episodes={train.val_episodes} does not divide over {shards} data x fsdp shards "
+                        f"of the mesh (needed with {jax.process_count()} processes)")
     return cls(build_experiment(config, settings.rollout, mesh), settings)
 
   # ---- phases -------------------------------------------------------------

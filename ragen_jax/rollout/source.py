@@ -18,6 +18,7 @@ from typing import Protocol
 import jax
 import numpy as np
 
+from envs.text import VocabTable
 from ragen_jax import mesh as mesh_lib
 from ragen_jax.models.config import ModelConfig
 from ragen_jax.models.model import Model, input_sharding
@@ -68,6 +69,7 @@ class TextSource:
 
   model: Model  # config and mesh; `run` plays with the params it is given
   tokenizer: object
+  vocab: VocabTable  # the tokenizer's token table (`envs.text.Vocab(tokenizer).table`)
   make_env: Callable
   config: RolloutConfig
 
@@ -77,6 +79,6 @@ class TextSource:
 
   def run(self, params, seeds_B, group_ids_B, key, split: str = "train") -> Trajectories:
     model = dataclasses.replace(self.model, params=params)
-    traj = text_rollout(model, self.tokenizer, self.make_env, self.config.for_split(split), seeds_B, group_ids_B,
-                        key, self.seq_len, split)
+    traj = text_rollout(model, self.tokenizer, self.vocab, self.make_env, self.config.for_split(split), seeds_B,
+                        group_ids_B, key, self.seq_len, split)
     return jax.tree.map(functools.partial(_batch_put, self.model.mesh), traj)

@@ -7,8 +7,6 @@ score the decoded replies (code candidates in parallel, see `envs.host.score_bat
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import numpy as np
 
@@ -21,15 +19,10 @@ from ragen_jax.sampling import pad_batch, stop_sequence_array
 from ragen_jax.trajectories import Trajectories, TrajectoryWriter
 
 
-@functools.lru_cache(maxsize=4)
-def _vocab_table(tokenizer) -> env_text.VocabTable:
-  """The tokenizer's token bytes, for `reasoning_lengths` (built once per tokenizer)."""
-  return env_text.Vocab(tokenizer).table
-
-
-def text_rollout(model, tokenizer, make_env, config: RolloutConfig, seeds_B, group_ids_B, key, seq_len: int,
-                 split: str = "train") -> Trajectories:
-  """Plays one episode per seed with fresh envs from `make_env()` and returns them packed."""
+def text_rollout(model, tokenizer, vocab: env_text.VocabTable, make_env, config: RolloutConfig, seeds_B, group_ids_B,
+                 key, seq_len: int, split: str = "train") -> Trajectories:
+  """Plays one episode per seed with fresh envs from `make_env()` and returns them packed (`vocab`: the
+  tokenizer's token table, `env_text.Vocab(tokenizer).table`, for the reasoning lengths)."""
   pieces = prompt.ChatPieces.from_tokenizer(tokenizer)
   envs = [make_env() for _ in seeds_B]
   observations = [env.reset(int(seed), split) for env, seed in zip(envs, seeds_B)]
@@ -40,7 +33,6 @@ def text_rollout(model, tokenizer, make_env, config: RolloutConfig, seeds_B, gro
   success = np.zeros(len(envs), bool)
   rewards = np.zeros(len(envs), np.float32)
   stops = stop_sequence_array([tokenizer.encode(env_text.ANSWER_CLOSE, add_special_tokens=False)])
-  vocab = _vocab_table(tokenizer)
   eos = set(model.config.eos_token_ids)
   turn_keys = jax.random.split(key, max_turns)
   ended_by_eos = np.zeros(len(envs), bool)

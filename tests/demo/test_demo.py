@@ -12,7 +12,8 @@ from PIL import Image
 
 import envs
 from ragen_jax.config import load_config_file
-from ragen_jax.demo.__main__ import paired_gain, run
+from ragen_jax.demo.__main__ import run
+from ragen_jax.demo.stages import paired_gain
 from ragen_jax.demo.demonstrations import (direction_text, format_rows, plan_and_reason, reading_rates, reply_checks,
                                            solver_policy)
 from ragen_jax.rollout.device import slot_layout

@@ -197,7 +197,8 @@ def test_diagnostics_plug_into_the_update_step(copying_params):
   params = copying_params
   batch = make_batch(random_episodes(np.random.default_rng(4), GROUPS, GROUP_SIZE, TURNS, vocab=32), SEQ_LEN, TURNS)
   cfg = UpdateConfig(algorithm=preset("grpo"), filter=FilterConfig(), num_groups=GROUPS, group_size=GROUP_SIZE,
-                     mini_batch_size=8, micro_batch_size=4, diagnostics_fn=make_diagnostics_fn(DIAG, GROUPS, GROUP_SIZE))
+                     mini_batch_size=8, micro_batch_size=4,
+                     diagnostics_fn=make_diagnostics_fn(DIAG, GROUPS, GROUP_SIZE))
   state = init_train_state(cfg, params, jax.random.key(0), diagnostics=init_diagnostics_state(DIAG))
   # traces the whole step, compiles nothing
   new_state, metrics = jax.eval_shape(functools.partial(update, CONFIG, cfg), state, params, batch)
