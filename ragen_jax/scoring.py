@@ -33,11 +33,13 @@ def masked_whiten(x: jax.Array, mask: jax.Array, eps: float = 1e-8) -> jax.Array
 
 
 def token_entropy(logits_BTV: jax.Array) -> jax.Array:
-  """Entropy of softmax(logits) at every position, float32[B, T], as log Z - sum(p * logits)."""
+  """Entropy of softmax(logits) at every position, float32[B, T], as log Z - sum(p * x) with x the logits less
+  their maximum (uncentred, large logits lose the entropy's digits to cancellation)."""
   logits_BTV = logits_BTV.astype(jnp.float32)
-  log_normalizer_BT = jax.nn.logsumexp(logits_BTV, axis=-1)
-  probs_BTV = jnp.exp(logits_BTV - log_normalizer_BT[..., None])
-  return log_normalizer_BT - jnp.sum(probs_BTV * logits_BTV, axis=-1)
+  centred_BTV = logits_BTV - jax.lax.stop_gradient(jnp.max(logits_BTV, axis=-1, keepdims=True))
+  log_normalizer_BT = jnp.log(jnp.sum(jnp.exp(centred_BTV), axis=-1))
+  probs_BTV = jnp.exp(centred_BTV - log_normalizer_BT[..., None])
+  return log_normalizer_BT - jnp.sum(probs_BTV * centred_BTV, axis=-1)
 
 
 def _shift_right(x_BT, fill=0.0):

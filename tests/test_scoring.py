@@ -58,6 +58,26 @@ def test_token_entropy_matches_torch():
   np.testing.assert_allclose(np.asarray(token_entropy(jnp.asarray(logits))), want, rtol=1e-5, atol=1e-6)
 
 
+def entropy_float64(logits):
+  logits = np.asarray(logits, np.float64)
+  logp = logits - logits.max(-1, keepdims=True)
+  logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+  return -(np.exp(logp) * logp).sum(-1)
+
+
+def test_token_entropy_of_equal_large_logits_is_log_v():
+  # uncentred, exp(x - logsumexp) loses digits at this magnitude (it gave 5.71741)
+  got = float(token_entropy(jnp.full((1, 1, 300), 1000.0))[0, 0])
+  np.testing.assert_allclose(got, np.log(300), rtol=1e-6)
+
+
+@pytest.mark.parametrize("offset,scale", [(1000.0, 3.0), (-1000.0, 3.0), (3e4, 0.5), (0.0, 1e-4), (0.0, 30.0)])
+def test_token_entropy_matches_float64_for_large_and_small_logits(offset, scale):
+  logits = (offset + scale * np.random.default_rng(2).normal(size=(3, 4, 257))).astype(np.float32)
+  got = np.asarray(token_entropy(jnp.asarray(logits)))
+  np.testing.assert_allclose(got, entropy_float64(logits), rtol=2e-6, atol=2e-6)
+
+
 def test_masked_whiten_ignores_unmasked_values():
   rng = np.random.default_rng(3)
   x = rng.normal(size=(4, 9))
