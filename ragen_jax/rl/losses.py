@@ -134,10 +134,11 @@ def value_loss(values_BT: jax.Array, old_values_BT: jax.Array, returns_BT: jax.A
                *, clip: float = 0.5, agg: str = "token-mean") -> tuple[jax.Array, dict[str, jax.Array]]:
   """Clipped critic loss (verl): ½·agg(max((V − G)², (V_clip − G)²)).
 
-  V_clip = old_V + clip(V − old_V, −clip, clip). Metric `vf_clipfrac`: share
-  of tokens where the clipped term was larger.
+  V_clip = clip(V, old_V − clip, old_V + clip), which is V itself inside the range (old_V + clip(V − old_V)
+  can differ from V by a rounding step). Metric `vf_clipfrac`: share of tokens where the clipped term was
+  larger.
   """
-  clipped_BT = old_values_BT + jnp.clip(values_BT - old_values_BT, -clip, clip)
+  clipped_BT = jnp.clip(values_BT, old_values_BT - clip, old_values_BT + clip)
   sq_err_BT = jnp.square(values_BT - returns_BT)
   sq_err_clipped_BT = jnp.square(clipped_BT - returns_BT)
   loss = 0.5 * aggregate(jnp.maximum(sq_err_BT, sq_err_clipped_BT), mask_BT, agg)

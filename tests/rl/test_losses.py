@@ -112,6 +112,14 @@ def test_value_loss_clipping():
   assert float(grad[0, 2]) == 0.0  # the clipped branch won: no gradient
 
 
+def test_value_inside_the_clip_range_is_not_clipped():
+  # V 0.1, old −0.2, clip 0.5: V lies inside [−0.7, 0.3], so V_clip = V (old + (V − old) is 0.10000001 in float32)
+  values, old, returns = jnp.asarray([[0.1]]), jnp.asarray([[-0.2]]), jnp.asarray([[0.0]])
+  loss, m = value_loss(values, old, returns, jnp.ones((1, 1), bool), clip=0.5)
+  assert float(m["vf_clipfrac"]) == 0.0
+  np.testing.assert_allclose(float(loss), 0.5 * 0.01, rtol=1e-6)
+
+
 def test_presets_follow_spec():
   ppo, grpo, dapo, drgrpo = (presets.preset(n) for n in ("ppo", "grpo", "dapo", "drgrpo"))
   assert (ppo.advantage, ppo.loss.agg, ppo.use_critic) == ("gae", "token-mean", True)
