@@ -249,11 +249,13 @@ class Trainer:
   def _watch(self, metrics: dict[str, float]) -> str | None:
     """Early-stopping rules and the template-collapse alarm; returns a stop reason or None."""
     stop_cfg = self.settings.early_stop
+    filter_empty = bool(metrics.get("update/filter_empty", 0.0))
     self.stop_state, reason = early_stop.after_iteration(
-        self.stop_state, stop_cfg, filter_empty=bool(metrics.get("update/filter_empty", 0.0)),
+        self.stop_state, stop_cfg, filter_empty=filter_empty,
         in_group_reward_std=metrics.get("update/in_group_reward_std", 0.0))
     if "val/success" in metrics and reason is None:
-      self.stop_state, reason = early_stop.after_validation(self.stop_state, stop_cfg, metrics["val/success"])
+      self.stop_state, reason = early_stop.after_validation(self.stop_state, stop_cfg, success=metrics["val/success"],
+                                                            filter_empty=filter_empty)
     zscore = metrics.get("collapse/trajectory/mi_zscore")
     if zscore is not None and metrics.get("collapse/computed", 1.0):
       self.alarm_state, alarm = update_alarm(self.alarm_state, self.settings.diagnostics, zscore,

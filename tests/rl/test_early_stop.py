@@ -40,20 +40,51 @@ def test_low_std_during_baseline_does_not_count():
   assert set(reasons) == {None}  # baseline 0: 0 < 0.1·0 is false, never fires
 
 
-def test_validation_failures_in_a_row():
-  cfg, state = EarlyStopConfig(), EarlyStopState()
+def test_empty_iterations_skip_the_low_std_window():
+  # Reference rules: only successful (non-empty) iterations enter the baseline and the window.
+  steps = [(False, 1.0)] * 10 + [(False, 0.05), (True, 0.0)] * 5  # baseline 1.0, threshold 0.1
+  state, reasons = iterate(EarlyStopConfig(std_window=10), steps)  # the reference code's window
+  assert set(reasons) == {None}  # counting every iteration stopped at the 20th
+  assert (state.iterations, state.low_std_streak, state.empty_streak) == (15, 5, 1)
+  _, reasons = iterate(EarlyStopConfig(), steps)  # window 5: the fifth kept low-std iteration
+  assert reasons[:18] == [None] * 18 and "5 consecutive non-empty" in reasons[18]
+
+
+def test_empty_iterations_stay_out_of_the_baseline():
+  state, _ = iterate(EarlyStopConfig(), [(True, 0.0)] * 3 + [(False, 1.0)] * 10)
+  assert (state.iterations, state.std_baseline_sum) == (10, 10.0)
+  # 0.09 < 0.1 x 1.0 (with the empty iterations counted the baseline would be 0.7 and 0.09 not low)
+  _, reasons = iterate(EarlyStopConfig(), [(False, 0.09)] * 5, state)
+  assert reasons[:4] == [None] * 4 and reasons[4] is not None
+
+
+def validate(state, cfg, runs):
   reasons = []
-  for success in [0.0, 0.005, 0.0, 0.2, 0.0, 0.0, 0.0, 0.0, 0.009]:
-    state, reason = after_validation(state, cfg, success)
+  for success, empty in runs:
+    state, reason = after_validation(state, cfg, success=success, filter_empty=empty)
     reasons.append(reason)
+  return state, reasons
+
+
+def test_validation_failures_in_a_row():
+  cfg = EarlyStopConfig()
+  _, reasons = validate(EarlyStopState(), cfg, [(s, False) for s in [0.0, 0.005, 0.0, 0.2, 0.0, 0.0, 0.0, 0.0, 0.009]])
   assert reasons[:8] == [None] * 8 and "5 validations" in reasons[8]
   state, reason = after_validation(EarlyStopState(val_failure_streak=4), dataclasses.replace(
-      cfg, val_failure_enabled=False), 0.0)
+      cfg, val_failure_enabled=False), success=0.0, filter_empty=False)
   assert reason is None and state.val_failure_streak == 5
+
+
+def test_validation_after_an_empty_iteration_does_not_count():
+  cfg = EarlyStopConfig()
+  state, reasons = validate(EarlyStopState(val_failure_streak=4), cfg, [(0.0, True), (0.5, True)])
+  assert reasons == [None, None] and state.val_failure_streak == 4  # neither a failure nor a reset
+  _, reasons = validate(state, cfg, [(0.0, False)])
+  assert "5 validations" in reasons[0]
 
 
 def test_state_round_trips_through_dict():
   state, _ = iterate(EarlyStopConfig(), [(True, 1.0), (False, 2.0), (True, 0.5)])
   assert EarlyStopState.from_dict(state.to_dict()) == state
-  assert state.to_dict() == {"empty_streak": 1, "iterations": 3, "std_baseline_sum": 3.5, "low_std_streak": 0,
+  assert state.to_dict() == {"empty_streak": 1, "iterations": 1, "std_baseline_sum": 2.0, "low_std_streak": 0,
                              "val_failure_streak": 0}
