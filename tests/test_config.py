@@ -77,6 +77,7 @@ ENUMERATED = {
     "filter.loss_scaling": ("none", "linear", "sqrt"),
     "algorithm.preset": ("ppo", "grpo", "dapo", "drgrpo"),
     "algorithm.kl_estimator": ("kl", "low_var_kl", "mse"),
+    "algorithm.loss_agg_scope": ("mini_batch", "micro_batch"),
     "diagnostics.marginal": ("paper", "code"),
     "diagnostics.bucket_mode": ("quantile", "fixed"),
     "rollout.context_window_mode": ("full", "limited_multi_turn", "single_turn"),

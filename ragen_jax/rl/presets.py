@@ -20,6 +20,7 @@ from ragen_jax.config import check, check_one_of
 from ragen_jax.rl.losses import KL_ESTIMATORS, PolicyLossConfig
 
 ADVANTAGE_ESTIMATORS = ("gae", "grpo", "drgrpo")
+LOSS_AGG_SCOPES = ("mini_batch", "micro_batch")
 PRESETS: dict[str, tuple[str, str]] = {  # name -> (advantage estimator, loss aggregation)
     "ppo": ("gae", "token-mean"),
     "grpo": ("grpo", "seq-mean-token-mean"),
@@ -31,7 +32,15 @@ PRESETS: dict[str, tuple[str, str]] = {  # name -> (advantage estimator, loss ag
 @dataclasses.dataclass(frozen=True)
 class AlgorithmConfig:
   """The `algorithm` config section: a preset (advantage estimator and loss aggregation) with its loss,
-  GAE and value-clip settings (SPEC §4)."""
+  GAE and value-clip settings (SPEC §4).
+
+  `loss_agg_scope`: what the aggregation runs over. `mini_batch` (default, the paper's formulas): the whole
+  mini-batch, each token (token-mean) or sequence (sequence means) weighted once, however it is cut into
+  micro-batches. `micro_batch` (the reference, verl): each micro-batch alone, and the mini-batch's loss is the
+  mean of those over the micro-batches holding kept episodes; for comparing runs with the reference like for
+  like (with its default micro-batch of one episode, its token-mean is a mean over sequences). See
+  `update.micro_batch_weights`.
+  """
 
   preset: str = "ppo"
   clip_low: float = 0.2
@@ -46,9 +55,11 @@ class AlgorithmConfig:
   bi_level_gae: bool = False
   turn_gamma: float = 0.95
   value_clip: float = 0.5
+  loss_agg_scope: str = "mini_batch"
 
   def __post_init__(self):
     check_one_of("algorithm.preset", self.preset, PRESETS)
+    check_one_of("algorithm.loss_agg_scope", self.loss_agg_scope, LOSS_AGG_SCOPES)
     check_one_of("algorithm.kl_estimator", self.kl_estimator, KL_ESTIMATORS)
     check("algorithm.dual_clip", self.dual_clip == 0 or self.dual_clip > 1.0, "must be > 1 (or 0: off)",
           self.dual_clip)

@@ -183,10 +183,13 @@ def episode_mask(keep_G: jax.Array, group_ids_B: jax.Array) -> jax.Array:
 
 
 def loss_scale(keep_G: jax.Array, mode: str = "none") -> jax.Array:
-  """Loss multiplier after filtering: 1, kept ratio, or its square root.
+  """Multiplier of the advantages after filtering: 1, kept ratio, or its square root.
 
   `linear` scales by the kept fraction of groups (SPEC §6); the paper's text
-  scales by ρ instead, which the kept ratio approximates for top_p.
+  scales by ρ instead, which the kept ratio approximates for top_p. The paper's
+  prose says it scales the loss; the reference scales the advantages, as the
+  update does, so only the policy-gradient term shrinks (not the entropy bonus,
+  the KL loss or the critic's loss).
   """
   if mode not in LOSS_SCALINGS:
     raise ValueError(f"loss scaling must be one of {LOSS_SCALINGS}, got {mode!r}")

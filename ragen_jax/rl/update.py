@@ -114,11 +114,25 @@ def _micro_map(fn, micro: int, *arrays):
   return jax.tree.map(lambda y: y.reshape(batch, *y.shape[2:]), out)
 
 
-def _loss_weight(mask_BT, agg: str):
-  """What a micro-batch's aggregated loss is normalised by (tokens or non-empty sequences)."""
-  if agg == "token-mean":
-    return jnp.sum(mask_BT)
-  return jnp.sum(jnp.any(mask_BT, axis=1))
+def micro_batch_weights(mask_MbT: jax.Array, agg: str, scope: str) -> tuple[jax.Array, jax.Array]:
+  """(actor_M, value_M): the weight of each micro-batch's aggregated actor loss (mode `agg`) and critic loss
+  (token-mean) in its mini-batch's loss, float32[M], for the loss masks of M micro-batches of b episodes.
+
+  `mini_batch` (`algorithm.loss_agg_scope`): a micro-batch's share of the mini-batch's masked tokens (token
+  means) or non-empty sequences (sequence means), so the weighted sum is the aggregate over the whole
+  mini-batch, each token or sequence weighted once (the paper's formulas). `micro_batch`: 1/n for each of the
+  n micro-batches holding kept tokens, so the sum is the mean of the per-micro-batch aggregates (the reference:
+  verl divides each micro-batch's loss by the number of micro-batches). The reference drops filtered groups
+  before it batches, so each of its micro-batches holds kept episodes; here the filtered episodes are ordered
+  last, and their micro-batches, which the reference does not have, weigh 0 and do not count in n.
+  """
+  tokens_M = jnp.sum(mask_MbT, axis=(1, 2)).astype(jnp.float32)
+  if scope == "micro_batch":
+    active_M = (tokens_M > 0).astype(jnp.float32)
+    weights_M = active_M / jnp.maximum(jnp.sum(active_M), 1.0)
+    return weights_M, weights_M
+  actor_M = tokens_M if agg == "token-mean" else jnp.sum(jnp.any(mask_MbT, axis=2), axis=1).astype(jnp.float32)
+  return actor_M / jnp.maximum(jnp.sum(actor_M), 1.0), tokens_M / jnp.maximum(jnp.sum(tokens_M), 1.0)
 
 
 def _in_layout(model_config: ModelConfig, cfg: UpdateConfig, state: TrainState) -> TrainState:
@@ -193,43 +207,43 @@ def diagnose(model_config: ModelConfig, cfg: UpdateConfig, state: TrainState, ba
   return _in_layout(model_config, cfg, state), metrics
 
 
-def _micro_loss(model_config: ModelConfig, cfg: UpdateConfig, params, critic, mb, scale, actor_norm, value_norm):
-  loss_cfg = cfg.algorithm.loss
+def _micro_loss(model_config: ModelConfig, cfg: UpdateConfig, params, critic, mb, weight, v_weight):
+  """One micro-batch's losses, weighted (`micro_batch_weights`) as its part of the mini-batch's loss."""
   inputs = (mb["tokens"], mb["valid"], mb["segment_ids"], mb["visible_from"])
   logp, entropy = token_logp_and_entropy(model_config, params, *inputs)
-  loss, aux = actor_loss(logp, mb["old_logp"], mb["adv"], mb["mask"], entropy, mb.get("ref_logp"), loss_cfg)
-  weight = _loss_weight(mb["mask"], loss_cfg.agg) / actor_norm
-  total = scale * weight * loss
+  loss, aux = actor_loss(logp, mb["old_logp"], mb["adv"], mb["mask"], entropy, mb.get("ref_logp"),
+                         cfg.algorithm.loss)
+  total = weight * loss
   metrics = {k: weight * v for k, v in aux.items()}
   if cfg.algorithm.use_critic:
     values = token_values(model_config, critic, *inputs)
     v_loss, v_aux = value_loss(values, mb["old_values"], mb["returns"], mb["mask"], clip=cfg.algorithm.value_clip,
                                agg="token-mean")
-    v_weight = jnp.sum(mb["mask"]) / value_norm
     total = total + v_weight * v_loss
     metrics |= {"value_loss": v_weight * v_loss} | {k: v_weight * v for k, v in v_aux.items()}
   return total, metrics
 
 
-def _minibatch_step(model_config: ModelConfig, cfg: UpdateConfig, state: TrainState, mini, scale):
+def _minibatch_step(model_config: ModelConfig, cfg: UpdateConfig, state: TrainState, mini):
   micro, use_critic = cfg.micro_batch_size, cfg.algorithm.use_critic
   micro_loss = functools.partial(_micro_loss, model_config, cfg)
   grad_fn = jax.grad(micro_loss, argnums=(0, 1), has_aux=True)
-  norms = (jnp.maximum(_loss_weight(mini["mask"], cfg.algorithm.loss.agg), 1), jnp.maximum(jnp.sum(mini["mask"]), 1))
   split = jax.tree.map(lambda x: x.reshape(-1, micro, *x.shape[1:]), mini)
+  weights = micro_batch_weights(split["mask"], cfg.algorithm.loss.agg, cfg.algorithm.loss_agg_scope)
   zero_grads = (jax.tree.map(jnp.zeros_like, state.policy), jax.tree.map(jnp.zeros_like, state.critic))
   _, zero_metrics = jax.eval_shape(lambda: micro_loss(state.policy, state.critic, jax.tree.map(lambda x: x[0], split),
-                                                      scale, *norms))
+                                                      *(w[0] for w in weights)))
   zero_metrics = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zero_metrics)
 
-  def accumulate(acc, mb):
+  def accumulate(acc, xs):
     grads, metrics = acc
+    mb, weight, v_weight = xs
     new_grads, new_metrics = jax.lax.cond(
-        jnp.any(mb["mask"]), lambda: grad_fn(state.policy, state.critic, mb, scale, *norms),
+        jnp.any(mb["mask"]), lambda: grad_fn(state.policy, state.critic, mb, weight, v_weight),
         lambda: (zero_grads, zero_metrics))
     return (jax.tree.map(jnp.add, grads, new_grads), jax.tree.map(jnp.add, metrics, new_metrics)), None
 
-  (grads, metrics), _ = jax.lax.scan(accumulate, (zero_grads, zero_metrics), split)
+  (grads, metrics), _ = jax.lax.scan(accumulate, (zero_grads, zero_metrics), (split, *weights))
   policy_grads, critic_grads = grads
 
   def apply(state):
@@ -264,7 +278,7 @@ def learn(model_config: ModelConfig, cfg: UpdateConfig, state: TrainState, batch
   kept_B = snr_filter.episode_mask(keep_G, batch.group_ids)
   train_mask = batch.loss_mask & kept_B[:, None]
   adv, returns = _advantages(cfg, batch, values, train_mask)
-  scale = snr_filter.loss_scale(keep_G, cfg.filter.loss_scaling)
+  adv = adv * snr_filter.loss_scale(keep_G, cfg.filter.loss_scaling)  # the policy-gradient term only
 
   per_episode = {"tokens": batch.tokens, "valid": batch.valid, "segment_ids": batch.segment_ids,
                  "visible_from": batch.visible_from, "mask": train_mask, "old_logp": old_logp, "adv": adv}
@@ -277,8 +291,7 @@ def learn(model_config: ModelConfig, cfg: UpdateConfig, state: TrainState, batch
     key, shuffle_key = jax.random.split(state.key)
     order = jnp.argsort(jnp.where(kept_B, 0.0, 2.0) + jax.random.uniform(shuffle_key, kept_B.shape))
     minis = jax.tree.map(lambda x: x[order].reshape(-1, cfg.mini_batch_size, *x.shape[1:]), per_episode)
-    return jax.lax.scan(lambda s, mini: _minibatch_step(model_config, cfg, s, mini, scale), state.replace(key=key),
-                        minis)
+    return jax.lax.scan(lambda s, mini: _minibatch_step(model_config, cfg, s, mini), state.replace(key=key), minis)
 
   # with nothing kept, every mini-batch step is skipped (no cond around the epochs: one trace of the model)
   state, epoch_metrics = jax.lax.scan(epoch, state, None, length=cfg.ppo_epochs)
