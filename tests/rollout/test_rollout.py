@@ -57,7 +57,7 @@ def test_conversation_matches_the_reference_layout(both_paths, tokenizer, sokoba
       reply = tokenizer.decode(reply_ids)
       turns.append((prev_reward, prompt.user_text(turn, env.render_text(state, env_params), actions_left,
                                                   greedy_config.max_new_tokens), reply, ended_by_eos))
-      actions, ok = env_text.parse_actions_text(reply, env.action_names(env_params), 2)
+      actions, ok = env_text.parse_actions_text(env_text.THINK_OPEN + reply, env.action_names(env_params), 2)
       for a in actions if ok else []:
         _, state, _, _, _ = env.step(jax.random.key(0), state, a, env_params)
         actions_left -= 1
