@@ -133,8 +133,8 @@ class TurnOutcome:
 
 def act(env, env_params, assets: RolloutAssets, config: RolloutConfig, key, env_state, replies_BN, lengths_B,
         active_B, actions_left_B) -> TurnOutcome:
-  """Jittable: parses each active row's reply and steps its env with at most
-  `max_actions_per_turn` actions within the trajectory's action budget."""
+  """Jittable: parses each active row's reply and steps its env with its recognised actions (at most
+  `max_actions_per_turn`, within the trajectory's action budget), also in a turn that gets the format penalty."""
   names_AL, names_len_A = jax.vmap(lambda s: env.action_name_table(s, env_params))(env_state)
   parsed = jax.vmap(lambda ids, n, names, names_len: env_text.parse_actions(
       assets.vocab, ids, n, names, names_len, config.max_actions_per_turn, env.keep_unknown_actions,
@@ -145,7 +145,7 @@ def act(env, env_params, assets: RolloutAssets, config: RolloutConfig, key, env_
   executed = jnp.zeros_like(actions_left_B)
   step = jax.vmap(env.step, in_axes=(0, 0, 0, None))
   for a in range(config.max_actions_per_turn):
-    apply = format_ok & (a < parsed.n_actions) & ~done & (actions_left_B - executed > 0)
+    apply = (a < parsed.n_actions) & ~done & (actions_left_B - executed > 0)
     keys = jax.random.split(jax.random.fold_in(key, a), active_B.shape[0])
     _, stepped, r, step_done, _ = step(keys, env_state, parsed.actions_K[:, a], env_params)
     env_state = jax.tree.map(lambda new, old: jnp.where(_expand(apply, new), new, old), stepped, env_state)
