@@ -10,9 +10,11 @@ Three pieces, all built once on the host from a real `transformers` tokenizer:
   observation is one candidate per slot (or nothing), concatenated. Every
   distinct candidate is tokenised once on the host; `render_slots` concatenates
   their token ids on device into a fixed-size, padded array.
-* `parse_actions` reads one generated turn on device and returns the action ids
-  in its `<answer> ... </answer>` block. `parse_actions_text` is the host-side
-  reference with the same rules, written with `re` and `str` methods.
+* `parse_actions` reads one reply (the generation after the prompt's
+  `<think>`) on device and returns the action ids of its answer block;
+  `reasoning_length` counts its reasoning tokens. `answer_parts` and
+  `parse_actions_text` are the host-side reference with the same rules,
+  written with `re` and `str` methods on the turn's text (`<think>` + reply).
 
 Tokenisation: rendered ids decode (`tokenizer.decode`) to exactly the host text,
 but they are the concatenation of per-fragment tokenisations (each grid cell,
@@ -23,19 +25,27 @@ encoding does not reproduce their bytes (e.g. SentencePiece adding a leading
 decoders drop a space at the very start of a decoded text; no observation
 starts with one.)
 
-Answer grammar (RAGEN's `<answer>(.*?)</answer>` plus its action lookup):
-the first `<answer>` that is followed by a `</answer>` opens the block, the
-first `</answer>` after it closes it; the content is split on `||` (left to
-right, non-overlapping, like `str.split`); each piece is stripped of ASCII
-whitespace (" \\t\\n\\r\\v\\f" and \\x1c-\\x1f) and empty pieces are dropped;
-the first `max_actions` pieces are kept; each is matched against the action
-names ignoring ASCII case. Unknown names are dropped, and the turn is invalid
-(format penalty) when there is no block, no piece, or any kept piece is
-unknown. With `keep_unknown=True` (environments whose `step` itself punishes
-bad actions, like LightsOut) unknown pieces stay in place as id -1 and only a
-missing or empty block is invalid. Tags inside the block are not stripped:
-`<answer>Up<think></answer>` has one unknown action. Non-ASCII whitespace is
-not stripped and non-ASCII letters are not case-folded.
+Answer grammar (RAGEN's `ctx_manager._parse_response` and the env manager's
+action lookup; SPEC §2). The turn is the prompt's `<think>` followed by the
+reply. With `enable_think` it must match `<think>(.*?)</think>\\s*<answer>(.*?)</answer>`
+(`re.search`, DOTALL): the reasoning runs to the first `</think>` that is
+followed, after whitespace only, by `<answer>` with a `</answer>` somewhere
+after it, and the answer block is that one, up to its first `</answer>` (an
+`<answer>` inside the reasoning is not the answer). Without `enable_think` the
+block is the first `<answer>(.*?)</answer>` and there is no reasoning. Inside
+the block each of `STRIPPED_TAGS` is removed in turn (`str.replace`, so a
+removal may join the halves of a later tag); the content is split on `||`
+(left to right, non-overlapping, like `str.split`); each piece is stripped of
+whitespace (`str.strip()`: any Unicode whitespace) and empty pieces are
+dropped; the first `max_actions` pieces are kept and matched against the
+action names after `str.lower()` (only ASCII letters and the Kelvin sign lower
+to ASCII). The turn is invalid (format penalty) when there is no block, no
+piece, or any kept piece is unknown; the known pieces are returned in order
+either way (the rollout steps them). With `keep_unknown=True` (environments
+whose `step` itself punishes bad actions, like LightsOut) unknown pieces stay
+in place as id -1 and only a missing or empty block is invalid. Bytes that are
+not UTF-8 decode to U+FFFD on the host: neither whitespace nor a letter there,
+as on device.
 """
 from __future__ import annotations
 
@@ -49,10 +59,19 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-ANSWER_OPEN = "<answer>"
-ANSWER_CLOSE = "</answer>"
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
 ACTION_SEP = "||"
-WHITESPACE = " \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"  # the ASCII chars with str.isspace()
+STRIPPED_TAGS = (THINK_OPEN, THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE, "<|im_start|>", "<|im_end|>")  # RAGEN's order
+WHITESPACE = (" \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f\x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007"
+              "\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000")  # every char with str.isspace(), re's \s
+_KELVIN = "\u212a"  # the one non-ASCII char whose str.lower() is ASCII ("k")
+_THINK_ANSWER = re.compile(f"{re.escape(THINK_OPEN)}(.*?){re.escape(THINK_CLOSE)}\\s*{re.escape(ANSWER_OPEN)}(.*?)"
+                           f"{re.escape(ANSWER_CLOSE)}", re.DOTALL)
+_ANSWER = re.compile(f"{re.escape(ANSWER_OPEN)}(.*?){re.escape(ANSWER_CLOSE)}", re.DOTALL)
+_BLANK_CODES = {n: [int.from_bytes(c.encode(), "big") for c in WHITESPACE if len(c.encode()) == n] for n in (1, 2, 3)}
+_TAGS_TL = np.array([list(t.encode().ljust(max(map(len, STRIPPED_TAGS)), b"\0")) for t in STRIPPED_TAGS], np.uint8)
+_TAGS_T = np.array([len(t) for t in STRIPPED_TAGS], np.int32)
 
 _METASPACE = "\u2581"
 _SENTENCEPIECE_DECODERS = {"Metaspace", "ByteFallback", "Fuse", "Strip"}
@@ -277,8 +296,11 @@ def grid_choices(codes_HW: jax.Array) -> jax.Array:
 def action_name_table(names: Sequence[str], width: int | None = None) -> tuple[np.ndarray, np.ndarray]:
   """Lower-cased ASCII bytes of action names: (uint8[A, L], int32[A])."""
   for name in names:
-    if not name or not name.isascii() or name != name.strip(WHITESPACE) or ACTION_SEP in name:
-      raise ValueError(f"action name {name!r} must be non-empty ASCII, unpadded and free of {ACTION_SEP!r}")
+    if not name or not name.isascii() or name != name.strip() or ACTION_SEP in name \
+        or any(tag in name for tag in STRIPPED_TAGS):
+      raise ValueError(f"action name {name!r} must be non-empty ASCII, unpadded and free of {ACTION_SEP!r} and tags")
+  if len({n.lower() for n in names}) != len(names):
+    raise ValueError(f"action names {tuple(names)} must differ in more than case")
   width = width or max(len(n) for n in names)
   chars = np.zeros((len(names), width), np.uint8)
   for a, name in enumerate(names):
@@ -296,21 +318,29 @@ class ParsedActions:
   valid: jax.Array
 
 
-def _ascii_lower(text: str) -> str:
-  return text.translate({c: c + 32 for c in range(ord("A"), ord("Z") + 1)})
+def answer_parts(turn: str, enable_think: bool = True) -> tuple[str, str] | None:
+  """Host reference of the grammar (module docstring) on a turn's text, the prompt's `<think>` included:
+  (reasoning, answer with the tags removed and stripped), or None without a well-formed answer block."""
+  match = (_THINK_ANSWER if enable_think else _ANSWER).search(turn)
+  if match is None:
+    return None
+  answer = match.group(2 if enable_think else 1)
+  for tag in STRIPPED_TAGS:
+    answer = answer.replace(tag, "").strip()
+  return (match.group(1) if enable_think else ""), answer
 
 
 def parse_actions_text(
-  text: str, action_names: Sequence[str], max_actions: int, keep_unknown: bool = False
+  turn: str, action_names: Sequence[str], max_actions: int, keep_unknown: bool = False, enable_think: bool = True
 ) -> tuple[list[int], bool]:
-  """Host reference parser (see module docstring): (action ids, valid)."""
-  match = re.search(re.escape(ANSWER_OPEN) + "(.*?)" + re.escape(ANSWER_CLOSE), text, re.DOTALL)
-  if match is None:
+  """Host reference parser of a turn's text, the prompt's `<think>` included (module docstring): (action ids, valid)."""
+  parts = answer_parts(turn, enable_think)
+  if parts is None:
     return [], False
-  pieces = [p.strip(WHITESPACE) for p in match.group(1).split(ACTION_SEP)]
+  pieces = [p.strip() for p in parts[1].split(ACTION_SEP)]
   pieces = [p for p in pieces if p][:max_actions]
-  lookup = {_ascii_lower(n): a for a, n in enumerate(action_names)}
-  ids = [lookup.get(_ascii_lower(p), -1) for p in pieces]
+  lookup = {n.lower(): a for a, n in enumerate(action_names)}
+  ids = [lookup.get(p.lower(), -1) for p in pieces]
   if keep_unknown:
     return ids, bool(ids)
   known = [a for a in ids if a >= 0]
@@ -336,31 +366,112 @@ def _token_chars(vocab: VocabTable, ids_T: jax.Array, length: jax.Array) -> tupl
   return chars, jnp.sum(len_T)
 
 
+def _pattern(text: str) -> tuple[np.ndarray, int]:
+  """UTF-8 bytes of `text` for `_hits`: (uint8[L], L)."""
+  data = text.encode()
+  return np.frombuffer(data, np.uint8), len(data)
+
+
+def _hits(chars_C: jax.Array, count: jax.Array, pattern_L, length) -> jax.Array:
+  """bool[C]: where the bytes pattern_L[:length] start within chars[:count]."""
+  size, width = chars_C.shape[0], pattern_L.shape[0]
+  padded = jnp.concatenate([chars_C, jnp.zeros((width,), jnp.uint8)])
+  hit = jnp.arange(size) + length <= count
+  for k in range(width):
+    hit &= (padded[k : k + size] == pattern_L[k]) | (k >= length)
+  return hit
+
+
+def _spread(hits_C: jax.Array, width: int, length) -> jax.Array:
+  """bool[C]: the bytes covered by occurrences of `length` (<= width) bytes that start at hits_C."""
+  covered = hits_C
+  for k in range(1, width):
+    covered = covered | (jnp.concatenate([jnp.zeros((k,), bool), hits_C[:-k]]) & (k < length))
+  return covered
+
+
 def _find(chars_C: jax.Array, count: jax.Array, pattern: str, start: jax.Array) -> tuple[jax.Array, jax.Array]:
   """First index >= start where `pattern` occurs within chars[:count]; (index, found)."""
-  size, data = chars_C.shape[0], pattern.encode()
-  padded = jnp.concatenate([chars_C, jnp.zeros((len(data),), jnp.uint8)])
-  position = jnp.arange(size)
-  hit = (position >= start) & (position + len(data) <= count)
-  for k, byte in enumerate(data):
-    hit &= padded[k : k + size] == byte
+  hit = _hits(chars_C, count, *_pattern(pattern)) & (jnp.arange(chars_C.shape[0]) >= start)
   index = jnp.argmax(hit)
   return index, hit[index]
 
 
-def find_token(vocab: VocabTable, ids_T: jax.Array, length: jax.Array, pattern: str) -> tuple[jax.Array, jax.Array]:
-  """Jittable: (index of the token where `pattern` first starts in ids_T[:length], found)."""
+def _blank(chars_C: jax.Array, count: jax.Array) -> jax.Array:
+  """bool[C]: the bytes of whitespace characters within chars[:count] (in UTF-8 a character's lead byte
+  never occurs inside another one, so a byte match is a character match)."""
+  size = chars_C.shape[0]
+  padded = jnp.concatenate([chars_C, jnp.zeros((2,), jnp.uint8)]).astype(jnp.int32)
+  code_C = (padded[:size] << 16) | (padded[1 : size + 1] << 8) | padded[2:]  # the 3 bytes from each position
+  blank = jnp.zeros((size,), bool)
+  for length, codes in _BLANK_CODES.items():
+    starts = jnp.isin(code_C >> 8 * (3 - length), jnp.array(codes)) & (jnp.arange(size) + length <= count)
+    blank |= _spread(starts, length, length)
+  return blank
+
+
+def _compact(keep_C: jax.Array, *arrays_C: jax.Array) -> tuple[jax.Array, tuple[jax.Array, ...]]:
+  """(count, arrays): the kept entries of each array moved to its front, zero after them."""
+  size = keep_C.shape[0]
+  dest_C = jnp.where(keep_C, jnp.cumsum(keep_C) - 1, size)
+  return jnp.sum(keep_C).astype(jnp.int32), tuple(jnp.zeros_like(x).at[dest_C].set(x, mode="drop") for x in arrays_C)
+
+
+@struct.dataclass
+class _Turn:
+  """A reply's bytes and its answer block (byte offsets; see `_read_turn`)."""
+
+  chars: jax.Array
+  count: jax.Array
+  blank: jax.Array  # bool[C]: bytes of whitespace characters
+  reasoning_end: jax.Array  # where the `</think>` closing the reasoning starts (think grammar)
+  begin: jax.Array  # the answer block's content is chars[begin:end]
+  end: jax.Array
+  found: jax.Array
+
+
+def _read_turn(vocab: VocabTable, ids_T: jax.Array, length: jax.Array, enable_think: bool) -> _Turn:
+  """The answer block of a reply (ids_T[:length], the generation after the prompt's `<think>`)."""
   chars, count = _token_chars(vocab, ids_T, length)
-  at, found = _find(chars, count, pattern, jnp.int32(0))
+  size = chars.shape[0]
+  position = jnp.arange(size)
+  blank = _blank(chars, count)
+  reasoning_end = jnp.int32(0)
+  if enable_think:  # the first `</think>` followed, after whitespace only, by `<answer>`
+    solid = jnp.concatenate([jax.lax.cummin(jnp.where(blank, size, position), reverse=True), jnp.array([size])])
+    answer_at = solid[jnp.minimum(position + len(THINK_CLOSE), size)]
+    opens = jnp.concatenate([_hits(chars, count, *_pattern(ANSWER_OPEN)), jnp.zeros((1,), bool)])
+    candidate = _hits(chars, count, *_pattern(THINK_CLOSE)) & opens[answer_at]
+    reasoning_end = jnp.argmax(candidate)
+    open_at, has_open = answer_at[reasoning_end], candidate[reasoning_end]
+  else:
+    open_at, has_open = _find(chars, count, ANSWER_OPEN, jnp.int32(0))
+  begin = open_at + len(ANSWER_OPEN)
+  end, has_close = _find(chars, count, ANSWER_CLOSE, begin)
+  return _Turn(chars=chars, count=count, blank=blank, reasoning_end=reasoning_end, begin=begin, end=end,
+               found=has_open & has_close)
+
+
+@functools.partial(jax.jit, static_argnames=("enable_think",))
+def reasoning_length(vocab: VocabTable, ids_T: jax.Array, length: jax.Array, enable_think: bool = True) -> jax.Array:
+  """Tokens of a reply (ids_T[:length]) strictly before the token where the `</think>` that closes its
+  reasoning starts; 0 without a well-formed answer block or without `enable_think` (vmap for a batch).
+
+  The grammar runs on the reply's bytes, so it finds the tags however the model split them into tokens;
+  a token that holds bytes before the `</think>` as well is not counted.
+  """
+  if not enable_think:
+    return jnp.zeros((), jnp.int32)
+  turn = _read_turn(vocab, ids_T, length, enable_think)
   _, len_T = _token_lengths(vocab, ids_T, length)
-  return jnp.sum(jnp.cumsum(len_T) <= at).astype(jnp.int32), found
+  return jnp.where(turn.found, jnp.sum(jnp.cumsum(len_T) <= turn.reasoning_end), 0).astype(jnp.int32)
 
 
 def _shift_right(x: jax.Array, fill) -> jax.Array:
   return jnp.concatenate([jnp.full((1,), fill, x.dtype), x[:-1]])
 
 
-@functools.partial(jax.jit, static_argnames=("max_actions", "keep_unknown"))
+@functools.partial(jax.jit, static_argnames=("max_actions", "keep_unknown", "enable_think"))
 def parse_actions(
   vocab: VocabTable,
   ids_T: jax.Array,
@@ -369,26 +480,36 @@ def parse_actions(
   names_len_A: jax.Array,
   max_actions: int,
   keep_unknown: bool = False,
+  enable_think: bool = True,
 ) -> ParsedActions:
-  """Device parser for one turn's generated ids (vmap for a batch); see module docstring.
+  """Device parser for one reply's ids, the generation after the prompt's `<think>` (vmap for a batch);
+  see module docstring.
 
   names_AL/names_len_A come from `action_name_table` (or an env's
   `action_name_table(state, params)`). Works on the turn's bytes, a buffer of
   T x (longest token in bytes) characters.
   """
-  chars, count = _token_chars(vocab, ids_T, length)
-  position = jnp.arange(chars.shape[0])
-  open_at, has_open = _find(chars, count, ANSWER_OPEN, jnp.int32(0))
-  begin = open_at + len(ANSWER_OPEN)
-  end, has_close = _find(chars, count, ANSWER_CLOSE, begin)
-  found = has_open & has_close
-  content = found & (position >= begin) & (position < end)
+  turn = _read_turn(vocab, ids_T, length, enable_think)
+  position = jnp.arange(turn.chars.shape[0])
+  kelvin = _hits(turn.chars, turn.count, *_pattern(_KELVIN))
+  in_block = turn.found & (position >= turn.begin) & (position < turn.end)
+  block = _compact(in_block, turn.chars, turn.blank, kelvin)
+
+  def remove(block, tag):  # tags are ASCII and never overlap themselves: str.replace removes every hit
+    count, (chars, *_) = block
+    tagged = _spread(_hits(chars, count, *tag), _TAGS_TL.shape[1], tag[1])
+    return _compact((position < count) & ~tagged, *block[1]), None
+
+  (count, (chars, blank, kelvin)), _ = jax.lax.scan(remove, block, (jnp.asarray(_TAGS_TL), jnp.asarray(_TAGS_T)))
+  chars = jnp.where(kelvin, ord("k"), chars)  # after the tags, which are matched with case
+  kelvin_tail = _spread(kelvin, len(_KELVIN.encode()), len(_KELVIN.encode())) & ~kelvin
+  count, (chars, blank) = _compact((position < count) & ~kelvin_tail, chars, blank)
+  content = position < count
 
   bar = content & (chars == ord("|"))
   bars_before = position - jax.lax.cummax(jnp.where(bar, -1, position)) - 1
   sep_start = bar & jnp.concatenate([bar[1:], jnp.zeros((1,), bool)]) & (bars_before % 2 == 0)
   separator = sep_start | _shift_right(sep_start, False)
-  blank = jnp.isin(chars, jnp.frombuffer(WHITESPACE.encode(), np.uint8))
   word = content & ~separator & ~blank
   piece = jnp.cumsum(sep_start)
   previous_word = _shift_right(jax.lax.cummax(jnp.where(word, position, -1)), -1)
@@ -408,9 +529,9 @@ def parse_actions(
   id_K = jnp.where(in_kept & jnp.any(match_KA, -1), jnp.argmax(match_KA, -1), -1).astype(jnp.int32)
 
   if keep_unknown:
-    return ParsedActions(actions_K=id_K, n_actions=kept.astype(jnp.int32), valid=found & (kept > 0))
+    return ParsedActions(actions_K=id_K, n_actions=kept.astype(jnp.int32), valid=turn.found & (kept > 0))
   known = id_K >= 0
   dest = jnp.where(known, jnp.cumsum(known) - 1, max_actions)
   actions = jnp.full((max_actions,), -1, jnp.int32).at[dest].set(id_K, mode="drop")
   n_known = jnp.sum(known).astype(jnp.int32)
-  return ParsedActions(actions_K=actions, n_actions=n_known, valid=found & (kept > 0) & (n_known == kept))
+  return ParsedActions(actions_K=actions, n_actions=n_known, valid=turn.found & (kept > 0) & (n_known == kept))

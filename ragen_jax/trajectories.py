@@ -51,10 +51,10 @@ class Trajectories(TokenSlots):
   score_rewards: float32[B, T] the episode score on the last generated token.
   response_start: int32[B, K] position of each turn's first generated token (-1: no turn).
   response_len: int32[B, K] generated tokens per turn.
-  reasoning_len: int32[B, K] tokens strictly between `<think>` and `</think>` at the
-    start of the reply (0 when the reply has no closing `</think>`).
+  reasoning_len: int32[B, K] reasoning tokens of the reply under the answer grammar (`envs.text`):
+    before the `</think>` right ahead of the answer block (0 without a well-formed answer).
   turn_rewards: float32[B, K] env reward plus format penalty per turn.
-  format_ok: bool[B, K] the turn had a parsable answer.
+  format_ok: bool[B, K] the turn had a well-formed answer of recognised actions (no format penalty).
   score: float32[B] episode return (sum of turn_rewards).
   success: bool[B] the environment counts the episode solved.
   num_turns: int32[B]; num_actions: int32[B] actions executed.

@@ -1,26 +1,24 @@
 """The host-side text environment interface and the answer-block extraction.
 
 A `TextEnv` runs one episode at a time on the host: `reset(seed, split)` gives
-the first observation text, `step(response)` scores the assistant's whole turn
-and returns a `TextStep`. The answer is the text of the first
-`<answer>...</answer>` block (the grammar of `envs.text`; RAGEN's
-`<answer>(.*?)</answer>`), stripped of whitespace. A response without a
-non-empty block is a format failure: `format_ok=False`, reward 0 and the
-episode does not advance (the rollout applies the format penalty).
+the first observation text, `step(response, enable_think)` scores the assistant's whole turn (the
+prompt's `<think>` and the reply) and returns a `TextStep`. The answer is the
+content of the turn's answer block under the grammar of `envs.text` (with
+`enable_think`, the block right after the reasoning's `</think>`), its tags
+removed and stripped of whitespace. A response without a non-empty block is a
+format failure: `format_ok=False`, reward 0 and the episode does not advance
+(the rollout applies the format penalty).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
-from envs.text import ANSWER_CLOSE, ANSWER_OPEN
-
-_ANSWER_BLOCK = re.compile(re.escape(ANSWER_OPEN) + "(.*?)" + re.escape(ANSWER_CLOSE), re.DOTALL)
+from envs.text import answer_parts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,15 +40,13 @@ class TextEnv(Protocol):
 
   def reset(self, seed: int, split: str = "train") -> str: ...
 
-  def step(self, response: str) -> TextStep: ...
+  def step(self, response: str, enable_think: bool = True) -> TextStep: ...
 
 
-def extract_answer(response: str) -> str | None:
-  """Stripped text of the first <answer>...</answer> block; None if absent or blank."""
-  match = _ANSWER_BLOCK.search(response)
-  if match is None:
-    return None
-  return match.group(1).strip() or None
+def extract_answer(response: str, enable_think: bool = True) -> str | None:
+  """The answer of a turn's text (`envs.text.answer_parts`); None without a block or when it is blank."""
+  parts = answer_parts(response, enable_think)
+  return (parts[1] or None) if parts else None
 
 
 def format_failure(observation: str, info: dict | None = None) -> TextStep:
@@ -71,8 +67,9 @@ def check_split(split: str) -> str:
   return split
 
 
-def score_batch(envs: Sequence[TextEnv], responses: Sequence[str], max_workers: int | None = None) -> list[TextStep]:
-  """`env.step(response)` for every pair, concurrently; steps in input order.
+def score_batch(envs: Sequence[TextEnv], responses: Sequence[str], enable_think: bool = True,
+                max_workers: int | None = None) -> list[TextStep]:
+  """`env.step(response, enable_think)` for every pair, concurrently; steps in input order.
 
   Code environments spend their step waiting on a sandbox process, so their
   steps overlap on up to `max_workers` threads (default: CPU count); the
@@ -85,6 +82,6 @@ def score_batch(envs: Sequence[TextEnv], responses: Sequence[str], max_workers: 
     raise ValueError("an env appears twice in one batch; each episode steps once per call")
   workers = min(len(envs), max_workers or os.cpu_count() or 1)
   if workers <= 1:
-    return [env.step(response) for env, response in zip(envs, responses)]
+    return [env.step(response, enable_think) for env, response in zip(envs, responses)]
   with ThreadPoolExecutor(workers) as executor:
-    return list(executor.map(lambda pair: pair[0].step(pair[1]), zip(envs, responses)))
+    return list(executor.map(lambda pair: pair[0].step(pair[1], enable_think), zip(envs, responses)))

@@ -48,9 +48,9 @@ class CodeProblem:
   solution: str | None = None
 
 
-def extract_code(response: str) -> str | None:
+def extract_code(response: str, enable_think: bool = True) -> str | None:
   """The program in the answer block (the first ``` fenced block inside it, if any)."""
-  answer = extract_answer(response)
+  answer = extract_answer(response, enable_think)
   if answer is None:
     return None
   fenced = _FENCE.search(answer)
@@ -128,11 +128,11 @@ class CodeEnv:
     self._turn, self._best, self._done = 0, 0.0, False
     return self._problem.problem
 
-  def step(self, response: str) -> TextStep:
+  def step(self, response: str, enable_think: bool = True) -> TextStep:
     if self._problem is None or self._done:
       raise RuntimeError("no episode running: call reset() first")
     total = len(self._problem.tests)
-    code = extract_code(response)
+    code = extract_code(response, enable_think)
     if code is None:
       return format_failure(self._problem.problem, {"tests_passed": 0, "tests_total": total})
     result = self._pool.run(code, self._problem.tests, self._limits)

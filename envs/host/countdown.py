@@ -59,12 +59,12 @@ class CountdownEnv:
     self._problem, self._done = table[split_index(seed, len(table))], False
     return render(self._problem["numbers"], self._problem["target"])
 
-  def step(self, response: str) -> TextStep:
+  def step(self, response: str, enable_think: bool = True) -> TextStep:
     if self._problem is None or self._done:
       raise RuntimeError("no episode running: call reset() first")
     numbers, target = self._problem["numbers"], self._problem["target"]
     info = {"target": target, "numbers": numbers}
-    answer = extract_answer(response)
+    answer = extract_answer(response, enable_think)
     if answer is None:
       return format_failure(render(numbers, target), info)
     reward = countdown_reward(answer, numbers, target)

@@ -52,11 +52,11 @@ class MathEnv:
     self._problem, self._done = table[split_index(seed, len(table))], False
     return self._problem["question"]
 
-  def step(self, response: str) -> TextStep:
+  def step(self, response: str, enable_think: bool = True) -> TextStep:
     if self._problem is None or self._done:
       raise RuntimeError("no episode running: call reset() first")
     gold = self._problem["answer"]
-    answer = extract_answer(response)
+    answer = extract_answer(response, enable_think)
     if answer is None:
       return format_failure(self._problem["question"], {"target": gold})
     correct = answers_match(answer, gold)

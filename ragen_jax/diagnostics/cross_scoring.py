@@ -2,8 +2,9 @@
 
 A turn k of episode b is a (prompt, reasoning) pair read off the packed batch:
 the prompt X is `tokens[b, :s]` with s = response_start[b, k] (it ends with
-the opening `<think>`), the reasoning Z is the next reasoning_len[b, k] tokens.
-Turns without a closed, non-empty `<think>` block have no pair.
+the opening `<think>`), the reasoning Z is the next reasoning_len[b, k] tokens: the
+reasoning of the answer grammar (`envs.text`), up to the `</think>` right before the
+answer block. Turns without a well-formed answer or with empty reasoning have no pair.
 
 Rows are sampled reasonings, columns are prompts; both are (episode, turn)
 indices, so every shape is static and padding rows are masked, never dropped.
@@ -50,7 +51,7 @@ class CrossPairs:
 
 
 def has_reasoning(batch: Trajectories) -> jax.Array:
-  """bool[B, K]: the turn exists and its reply opens with a closed, non-empty `<think>` block."""
+  """bool[B, K]: the turn exists and has non-empty reasoning under the answer grammar."""
   return (batch.response_start >= 0) & (batch.reasoning_len > 0)
 
 
@@ -60,7 +61,7 @@ def eligible_turns(batch: Trajectories, prompt_window: int) -> jax.Array:
 
 
 def reasoning_token_mask(batch: Trajectories) -> jax.Array:
-  """bool[B, T]: the reasoning tokens of every turn (inside `<think> … </think>`)."""
+  """bool[B, T]: the reasoning tokens of every turn (the answer grammar's `<think> … </think>`)."""
   turn_BT = jnp.maximum(batch.turn_of_token, 0)
   start_BT = jnp.take_along_axis(batch.response_start, turn_BT, axis=1)
   length_BT = jnp.take_along_axis(batch.reasoning_len, turn_BT, axis=1)

@@ -89,9 +89,9 @@ def play_episodes(model_config: ModelConfig, params, env, env_params, assets: Ro
                           segment_B=jnp.full((batch,), turn + 1, jnp.int32), visible_from_B=c.window)
     outcome = act(env, env_params, assets, config, env_key, c.env_state, gen.tokens_BN, gen.lengths_B, active,
                   c.actions_left)
+    reasoning_B = reasoning_lengths(assets.vocab, gen.tokens_BN, gen.lengths_B, config.enable_think)
     writer = c.writer.write_reply(offset, turn, active, gen.tokens_BN, gen.lengths_B, gen.model_logp_BN, c.window,
-                                  outcome.reward, outcome.format_ok,
-                                  reasoning_lengths(assets.vocab, gen.tokens_BN, gen.lengths_B), outcome.num_actions)
+                                  outcome.reward, outcome.format_ok, reasoning_B, outcome.num_actions)
     return c.replace(sampler=sampler, env_state=outcome.env_state, writer=writer, done=outcome.done,
                      actions_left=outcome.actions_left, reward=outcome.reward, ended_by_eos=gen.ended_by_eos_B)
 

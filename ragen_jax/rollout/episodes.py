@@ -37,6 +37,7 @@ class RolloutConfig:
   max_context_window: int = 2  # turns kept by limited_multi_turn, the current one included
   max_model_len: int = 4096  # prompt + reply budget of a turn; older turns are dropped past it; 0: no limit
   max_episode_len: int = 4096  # training sequence length of host text-environment episodes
+  enable_think: bool = True  # answer grammar (envs.text): think block then answer; False: first answer block
 
   def __post_init__(self):
     for name in ("max_turns", "max_new_tokens", "max_actions_per_turn", "max_actions_per_traj", "max_episode_len"):
@@ -111,18 +112,11 @@ def build_assets(tokenizer, env, env_params, config: RolloutConfig, table_size: 
                        stop_sequences=jnp.asarray(stops))
 
 
-@jax.jit
-def reasoning_lengths(vocab: env_text.VocabTable, ids_BN, lengths_B) -> jax.Array:
-  """int32[B]: tokens of each reply (ids_BN[:lengths_B]) strictly before the token where `</think>` starts
-  (0 if absent); the reasoning length of every rollout path.
-
-  The search runs on the replies' bytes (`envs.text.find_token`), so it finds `</think>` however the
-  model split it into tokens (a search for the ids of `tokenizer.encode("</think>")` would miss other
-  splits); a token that holds bytes before `</think>` as well is not counted.
-  """
-  find = functools.partial(env_text.find_token, pattern=prompt.THINK_CLOSE)
-  index_B, found_B = jax.vmap(find, in_axes=(None, 0, 0))(vocab, ids_BN, lengths_B)
-  return jnp.where(found_B, index_B, 0).astype(jnp.int32)
+@functools.partial(jax.jit, static_argnames=("enable_think",))
+def reasoning_lengths(vocab: env_text.VocabTable, ids_BN, lengths_B, enable_think: bool) -> jax.Array:
+  """int32[B]: reasoning tokens of each reply (ids_BN[:lengths_B]) under the answer grammar
+  (`envs.text.reasoning_length`); the reasoning length of every rollout path."""
+  return jax.vmap(env_text.reasoning_length, in_axes=(None, 0, 0, None))(vocab, ids_BN, lengths_B, enable_think)
 
 
 @flax.struct.dataclass
@@ -139,19 +133,19 @@ class TurnOutcome:
 
 def act(env, env_params, assets: RolloutAssets, config: RolloutConfig, key, env_state, replies_BN, lengths_B,
         active_B, actions_left_B) -> TurnOutcome:
-  """Jittable: parses each active row's reply and steps its env with at most
-  `max_actions_per_turn` actions within the trajectory's action budget."""
+  """Jittable: parses each active row's reply and steps its env with its recognised actions (at most
+  `max_actions_per_turn`, within the trajectory's action budget), also in a turn that gets the format penalty."""
   names_AL, names_len_A = jax.vmap(lambda s: env.action_name_table(s, env_params))(env_state)
   parsed = jax.vmap(lambda ids, n, names, names_len: env_text.parse_actions(
-      assets.vocab, ids, n, names, names_len, config.max_actions_per_turn, env.keep_unknown_actions))(
-          replies_BN, lengths_B, names_AL, names_len_A)
+      assets.vocab, ids, n, names, names_len, config.max_actions_per_turn, env.keep_unknown_actions,
+      config.enable_think))(replies_BN, lengths_B, names_AL, names_len_A)
   format_ok = parsed.valid & active_B
   reward = jnp.where(active_B & ~parsed.valid, config.format_penalty, 0.0).astype(jnp.float32)
   done = ~active_B
   executed = jnp.zeros_like(actions_left_B)
   step = jax.vmap(env.step, in_axes=(0, 0, 0, None))
   for a in range(config.max_actions_per_turn):
-    apply = format_ok & (a < parsed.n_actions) & ~done & (actions_left_B - executed > 0)
+    apply = (a < parsed.n_actions) & ~done & (actions_left_B - executed > 0)
     keys = jax.random.split(jax.random.fold_in(key, a), active_B.shape[0])
     _, stepped, r, step_done, _ = step(keys, env_state, parsed.actions_K[:, a], env_params)
     env_state = jax.tree.map(lambda new, old: jnp.where(_expand(apply, new), new, old), stepped, env_state)

@@ -107,10 +107,10 @@ def host_rollout(policy, env, env_params, assets: RolloutAssets, config: Rollout
     gen = policy(writer, ~done, env_state, sample_key)
     outcome = _act(env, env_params, assets, config, env_key, env_state, jnp.asarray(gen.tokens_BN),
                    jnp.asarray(gen.lengths_B), jnp.asarray(~done), jnp.asarray(actions_left))
+    reasoning_B = reasoning_lengths(assets.vocab, gen.tokens_BN, gen.lengths_B, config.enable_think)
     writer = writer.write_reply(next_offsets(writer, np.where(done, 0, gen.lengths_B), seq_len), turn, ~done,
                                 gen.tokens_BN, gen.lengths_B, gen.model_logp_BN, windows, outcome.reward,
-                                outcome.format_ok, reasoning_lengths(assets.vocab, gen.tokens_BN, gen.lengths_B),
-                                outcome.num_actions)
+                                outcome.format_ok, reasoning_B, outcome.num_actions)
     env_state = outcome.env_state
     reward, ended_by_eos = np.asarray(outcome.reward), np.asarray(gen.ended_by_eos_B)
     actions_left, done = np.asarray(outcome.actions_left), np.asarray(outcome.done)

@@ -20,11 +20,11 @@ import jax
 import jax.numpy as jnp
 
 from envs import text as env_text
+from envs.text import THINK_OPEN
 
 SYSTEM_PREFIX = "You're a helpful assistant. "
 FORMAT_REMINDER = ("Always output: <think> [Your thoughts] </think> <answer> [your answer] </answer> "
                    "with no extra text. Strictly follow this format.")
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 _MARKERS = ("\x01S\x01", "\x01U1\x01", "\x01A1\x01", "\x01U2\x01")
 _DIGITS = tuple("0123456789")
 MAX_REWARD_DIGITS = 3  # |reward| < 1000 is rendered exactly (two decimals)

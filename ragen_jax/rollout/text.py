@@ -55,13 +55,15 @@ def text_rollout(model, tokenizer, vocab: env_text.VocabTable, make_env, config:
     gen = reprefill(model, config, writer, stops, turn_keys[turn], active)
     tokens, lengths = np.asarray(gen.tokens_BN), np.asarray(gen.lengths_B)
     replies = [tokenizer.decode([t for t in tokens[i, :lengths[i]] if t not in eos]) for i in np.flatnonzero(active)]
-    steps = score_batch([envs[i] for i in np.flatnonzero(active)], [prompt.THINK_OPEN + r for r in replies])
+    steps = score_batch([envs[i] for i in np.flatnonzero(active)], [prompt.THINK_OPEN + r for r in replies],
+                        config.enable_think)
     format_ok = np.zeros(len(envs), bool)
     for i, step in zip(np.flatnonzero(active), steps):
       rewards[i] = step.reward + (0.0 if step.format_ok else config.format_penalty)
       format_ok[i], success[i], observations[i], done[i] = step.format_ok, step.success, step.observation, step.done
+    reasoning_B = reasoning_lengths(vocab, gen.tokens_BN, gen.lengths_B, config.enable_think)
     writer = writer.write_reply(next_offsets(writer, np.where(active, lengths, 0), seq_len), turn, active,
                                 gen.tokens_BN, gen.lengths_B, gen.model_logp_BN, windows, rewards, format_ok,
-                                reasoning_lengths(vocab, gen.tokens_BN, gen.lengths_B), format_ok.astype(np.int32))
+                                reasoning_B, format_ok.astype(np.int32))
     ended_by_eos = np.asarray(gen.ended_by_eos_B)
   return jax.device_get(writer.finish(success, group_ids_B))

@@ -8,9 +8,12 @@ import numpy as np
 import pytest
 import torch
 
+from envs import text as env_text
 from ragen_jax import mesh as mesh_lib
 from ragen_jax.diagnostics import cross_scoring as xs
 from ragen_jax.models import load_pretrained
+from ragen_jax.rollout.episodes import reasoning_lengths
+from ragen_jax.trajectories import TrajectoryWriter
 from tests.diagnostics.batch_fixtures import CLOSE, THINK, Episode, Turn, make_batch, random_episodes
 from tests.models.hf_fixtures import save_hf_model
 
@@ -115,6 +118,38 @@ def test_reasoning_mask_and_eligibility_follow_think_blocks():
   assert tokens[len(last_prompt) - 1] == THINK and tokens[len(last_prompt) + 2] == CLOSE
   fits = np.asarray(xs.eligible_turns(batch, prompt_window=len(last_prompt) - 1))[0]
   assert fits.tolist() == [True, False, False, False, False]
+
+
+@pytest.mark.parametrize("enable_think", [True, False])
+def test_reasoning_span_of_rolled_out_replies_follows_the_answer_grammar(tokenizer, enable_think):
+  cases = [  # (reply, its reasoning by the reference's rules; None: no well-formed answer)
+    ("push on</think><answer>Up || Left</answer>", "push on"),
+    ("push on</think><answer>Up || Jump</answer>", "push on"),  # penalised, still reasoned
+    ("I could write <answer>Up</answer> but no</think><answer>Down</answer>",
+     "I could write <answer>Up</answer> but no"),
+    ("a</think>b</think>\n<answer>Left</answer>", "a</think>b"),
+    ("go</think> So: <answer>Up</answer>", None),
+    ("go <answer>Up</answer>", None),
+    ("go</think><answer>Up", None),
+  ]
+  replies, prompt = [tokenizer.encode(reply) for reply, _ in cases], tokenizer.encode("Turn 1:<think>")
+  batch, width = len(cases), max(map(len, replies))
+  tokens_BN = np.zeros((batch, width), np.int32)
+  for row, ids in enumerate(replies):
+    tokens_BN[row, :len(ids)] = ids
+  lengths_B, ones_B = jnp.array([len(ids) for ids in replies]), jnp.ones(batch, jnp.int32)
+  chunk_BP = jnp.tile(jnp.array(prompt), (batch, 1))
+  writer = TrajectoryWriter.empty(batch, len(prompt) + width, 1)
+  writer = writer.write_chunk(0, 0, chunk_BP, jnp.ones_like(chunk_BP, bool), jnp.ones_like(chunk_BP), ones_B)
+  reasoning_B = reasoning_lengths(env_text.Vocab(tokenizer).table, jnp.asarray(tokens_BN), lengths_B, enable_think)
+  writer = writer.write_reply(len(prompt), 0, ones_B > 0, jnp.asarray(tokens_BN), lengths_B, jnp.zeros((batch, width)),
+                              ones_B, jnp.zeros(batch), ones_B > 0, reasoning_B, 0 * ones_B)
+  trajectories = writer.finish(jnp.zeros(batch, bool), jnp.arange(batch))
+  mask, has = np.asarray(xs.reasoning_token_mask(trajectories)), np.asarray(xs.has_reasoning(trajectories))[:, 0]
+  for row, (reply, reasoning) in enumerate(cases):
+    expected = reasoning if enable_think else None
+    assert has[row] == bool(expected), reply
+    assert tokenizer.decode(np.asarray(trajectories.tokens)[row][mask[row]].tolist()) == (expected or ""), reply
 
 
 def test_prompt_equivalence_marks_identical_prompts_only():

@@ -10,40 +10,88 @@ from envs import text
 
 NAMES = ("Up", "Down", "Left", "Right")
 TOGGLES = tuple(f"toggle {r} {c}" for r in range(3) for c in range(3))
+ARMS = ("Oak", "Dragon")
 
-# (answer text, names, max_actions, keep_unknown, expected ids, expected valid)
+# Replies (the generation after the prompt's `<think>`) and their outcome under RAGEN's think grammar:
+# (reply, names, max_actions, keep_unknown, expected ids, expected valid); written from the reference's rules.
 CASES = [
-  ("<think>push</think><answer>Up || Down</answer>", NAMES, 2, False, [0, 1], True),
-  ("<answer>UP||dOwN</answer>", NAMES, 2, False, [0, 1], True),
-  ("<answer>  Left \n||\tRight  </answer>", NAMES, 2, False, [2, 3], True),
-  ("<answer>Up || Up || Down</answer>", NAMES, 2, False, [0, 0], True),
-  ("<answer>Up || Down || Jump</answer>", NAMES, 2, False, [0, 1], True),
-  ("<answer>Up || Jump</answer>", NAMES, 2, False, [0], False),
-  ("<answer>Jump || Up || Down</answer>", NAMES, 2, False, [0], False),
-  ("<answer>Up", NAMES, 2, False, [], False),
-  ("<think>no answer at all</think>", NAMES, 2, False, [], False),
+  ("push</think><answer>Up || Down</answer>", NAMES, 2, False, [0, 1], True),
+  # the answer is the block right after the reasoning's </think>, with only whitespace between
+  ("go</think> So: <answer>Up</answer>", NAMES, 2, False, [], False),
+  ("go <answer>Up</answer>", NAMES, 2, False, [], False),
+  ("I could write <answer>Up</answer> but no</think><answer>Down</answer>", NAMES, 2, False, [1], True),
+  ("a</think>b</think>\n\u3000<answer>Left</answer>", NAMES, 2, False, [2], True),
+  ("a</think>\u2003\u00a0\x1c<answer>Left</answer>", NAMES, 2, False, [2], True),
+  ("a</think>.<answer>Left</answer>", NAMES, 2, False, [], False),
+  ("a</think><answer>Left</think><answer>Up</answer>", NAMES, 2, False, [], False),  # content "LeftUp"
+  ("<think>a</think><answer>Up</answer>", NAMES, 2, False, [0], True),
+  ("x</think><answer>Left</answer> then <answer>Right</answer>", NAMES, 2, False, [2], True),
+  ("Up</answer></think><answer>Down</answer>", NAMES, 2, False, [1], True),
+  ("x</think><answer>Up", NAMES, 2, False, [], False),
+  ("no answer at all</think>", NAMES, 2, False, [], False),
+  ("x</think><ANSWER>Up</ANSWER>", NAMES, 2, False, [], False),
+  # inside the block: stray tags removed, case folded, any Unicode whitespace stripped
+  ("x</think><answer>UP||dOwN</answer>", NAMES, 2, False, [0, 1], True),
+  ("x</think><answer>DOWN</answer>", NAMES, 2, False, [1], True),
+  ("x</think><answer>Up\u00a0</answer>", NAMES, 2, False, [0], True),
+  ("x</think><answer>\u3000Left\u2028||\x85Right\u202f</answer>", NAMES, 2, False, [2, 3], True),
+  ("x</think><answer>Up\u200b</answer>", NAMES, 2, False, [], False),  # zero-width space is not whitespace
+  ("x</think><answer><answer>Up</answer>", NAMES, 2, False, [0], True),
+  ("x</think><answer>Le<think>ft || <|im_end|>Up</think></answer>", NAMES, 2, False, [2, 0], True),
+  ("x</think><answer></ans<think>wer>Up</answer>", NAMES, 2, False, [0], True),  # removals join a later tag
+  ("x</think><answer><thi</think>nk>Up</answer>", NAMES, 2, False, [], False),  # ... but not an earlier one
+  ("x</think><answer>U<|im_start|>p</answer>", NAMES, 2, False, [0], True),
+  ("x</think><answer>Oa\u212a || dragon</answer>", ARMS, 2, False, [0, 1], True),  # Kelvin sign lowers to k
+  ("x</think><answer>O\u212aa</answer>", ARMS, 2, False, [], False),
+  ("x</think><answer>  Left \n||\tRight  </answer>", NAMES, 2, False, [2, 3], True),
+  ("x</think><answer>Up || Up || Down</answer>", NAMES, 2, False, [0, 0], True),
+  ("x</think><answer>Up || Down || Jump</answer>", NAMES, 2, False, [0, 1], True),  # past the limit: dropped
+  # partially valid answers: the recognised actions, in order, and the format penalty
+  ("x</think><answer>Up || Jump</answer>", NAMES, 2, False, [0], False),
+  ("x</think><answer>Jump || Left || Up</answer>", NAMES, 2, False, [2], False),
+  ("x</think><answer>Jump || Left || Up</answer>", NAMES, 3, False, [2, 0], False),
+  ("x</think><answer></answer>", NAMES, 2, False, [], False),
+  ("x</think><answer> || \n || </answer>", NAMES, 2, False, [], False),
+  ("\x00\x7f\ufffd\u00e9</think><answer>Down</answer>\x01", NAMES, 2, False, [1], True),
+  ("x</think><answer>Up ||| Down</answer>", NAMES, 2, False, [0], False),
+  ("x</think><answer>Up||||Down</answer>", NAMES, 3, False, [0, 1], True),
+  ("x</think><answer>Up|Down</answer>", NAMES, 2, False, [], False),
+  ("x</think><answer>move up</answer>", NAMES, 2, False, [], False),
+  ("x</think><answer>Up\u221a</answer>", NAMES, 2, False, [], False),
+  ("x</think><answer>Right || Left || Up || Down || Up</answer>", NAMES, 10, False, [3, 2, 0, 1, 0], True),
+  ("x</think><answer>toggle 0 1 || flip 2 2 || TOGGLE 2 2</answer>", TOGGLES, 2, True, [1, -1], True),
+  ("x</think><answer> toggle  0 1 </answer>", TOGGLES, 2, True, [-1], True),
+  ("x</think><answer> || </answer>", TOGGLES, 2, True, [], False),
+]
+
+# The same rules without a think block (RAGEN's enable_think=False): the first `<answer>(.*?)</answer>`.
+NO_THINK_CASES = [
+  ("go</think> So: <answer>Up</answer>", NAMES, 2, False, [0], True),
+  ("go <answer>Up</answer>", NAMES, 2, False, [0], True),
+  ("I could write <answer>Up</answer> but no</think><answer>Down</answer>", NAMES, 2, False, [0], True),
   ("<answer>Left</answer> then <answer>Right</answer>", NAMES, 2, False, [2], True),
-  ("<answer></answer>", NAMES, 2, False, [], False),
-  ("<answer> || \n || </answer>", NAMES, 2, False, [], False),
-  ("\x00\x7f\ufffd\u00e9<answer>Down</answer>\x01", NAMES, 2, False, [1], True),
-  ("<answer>Up ||| Down</answer>", NAMES, 2, False, [0], False),
-  ("<answer>Up||||Down</answer>", NAMES, 3, False, [0, 1], True),
-  ("<answer>Up|Down</answer>", NAMES, 2, False, [], False),
-  ("<answer>move up</answer>", NAMES, 2, False, [], False),
-  ("<ANSWER>Up</ANSWER>", NAMES, 2, False, [], False),
-  ("<answer><answer>Up</answer>", NAMES, 2, False, [], False),
   ("Up</answer><answer>Down</answer>", NAMES, 2, False, [1], True),
-  ("<answer>\u00a0Up</answer>", NAMES, 2, False, [], False),
-  ("<answer>Up\u221a</answer>", NAMES, 2, False, [], False),
-  ("<answer>Right || Left || Up || Down || Up</answer>", NAMES, 10, False, [3, 2, 0, 1, 0], True),
-  ("<answer>toggle 0 1 || flip 2 2 || TOGGLE 2 2</answer>", TOGGLES, 2, True, [1, -1], True),
-  ("<answer> toggle  0 1 </answer>", TOGGLES, 2, True, [-1], True),
-  ("<answer> || </answer>", TOGGLES, 2, True, [], False),
+  ("<answer><answer>Up</answer>", NAMES, 2, False, [0], True),
+  ("<answer>DOWN || Jump</answer>", NAMES, 2, False, [1], False),
+  ("<answer>Up", NAMES, 2, False, [], False),
+]
+
+# (reply, the reasoning under the think grammar, by the reference's rules; None: no well-formed answer)
+REASONING_CASES = [
+  ("go</think><answer>Up</answer>", "go"),
+  ("go</think>\n <answer>Up || Jump</answer>", "go"),
+  ("go</think> So: <answer>Up</answer>", None),
+  ("go <answer>Up</answer>", None),
+  ("go</think><answer>Up", None),
+  ("I could write <answer>Up</answer> but no</think><answer>Down</answer>", "I could write <answer>Up</answer> but no"),
+  ("a</think>b</think>\n<answer>Left</answer>", "a</think>b"),
+  ("</think><answer>Left</answer>", ""),
 ]
 
 FRAGMENTS = [
   "<answer>", "</answer>", "<think>", "</think>", "||", "|", " ", "  ", "\n", "\t", "Up", "up", "DOWN",
   "Left", "right", "jump", "x", "\u221a", "<", ">", "answer", "/", "\u00a0", "toggle 1 2", "ans", "wer>",
+  "\u3000", "\u2003", "\x85", "\x1c", "\u200b", "\u212a", "Oa", "<|im_end|>", "<thi", "nk>", "</th",
 ]  # fmt: skip
 
 
@@ -52,22 +100,41 @@ def noise(rng, most: int) -> str:
   return "".join(rng.choice(FRAGMENTS, size=rng.integers(0, most)))
 
 
-def device_parse(vocab, texts_or_ids, names, max_actions, keep_unknown=False):
-  """Parse a batch on device; each item is a str (natively encoded) or a list of ids."""
+def _batch(vocab, texts_or_ids):
+  """Items (a str, natively encoded, or a list of ids) as padded ids, lengths and the items' ids."""
   ids = [vocab.tokenizer.encode(t, add_special_tokens=False) if isinstance(t, str) else t for t in texts_or_ids]
-  width = 64 * (1 + max(len(i) for i in ids) // 64)  # few distinct shapes: few compilations
+  width = 128 * (1 + max(len(i) for i in ids) // 128)  # few distinct shapes: few compilations
   ids_BT = np.zeros((len(ids), width), np.int32)
   for b, row in enumerate(ids):
     ids_BT[b, : len(row)] = row
+  return jnp.asarray(ids_BT), jnp.array([len(i) for i in ids]), ids
+
+
+def device_parse(vocab, texts_or_ids, names, max_actions, keep_unknown=False, enable_think=True):
+  """Parse a batch of replies on device: [(action ids, valid)] and the items' ids."""
+  ids_BT, lengths_B, ids = _batch(vocab, texts_or_ids)
   names_AL, names_len_A = text.action_name_table(names)
-  parse = functools.partial(text.parse_actions, max_actions=max_actions, keep_unknown=keep_unknown)
+  parse = functools.partial(text.parse_actions, max_actions=max_actions, keep_unknown=keep_unknown,
+                            enable_think=enable_think)
   out = jax.vmap(parse, in_axes=(None, 0, 0, None, None))(
-    vocab.table, jnp.asarray(ids_BT), jnp.array([len(i) for i in ids]), jnp.asarray(names_AL), jnp.asarray(names_len_A)
+    vocab.table, ids_BT, lengths_B, jnp.asarray(names_AL), jnp.asarray(names_len_A)
   )
   return [
     ([int(a) for a in acts[:n]], bool(v))
     for acts, n, v in zip(np.asarray(out.actions_K), np.asarray(out.n_actions), np.asarray(out.valid))
   ], ids
+
+
+def device_reasoning(vocab, texts_or_ids, enable_think=True) -> list[int]:
+  """Reasoning lengths of a batch of replies on device."""
+  ids_BT, lengths_B, _ = _batch(vocab, texts_or_ids)
+  return np.asarray(jax.vmap(text.reasoning_length, in_axes=(None, 0, 0, None))(
+    vocab.table, ids_BT, lengths_B, enable_think)).tolist()
+
+
+def tokens_before(vocab, ids, num_bytes: int) -> int:
+  """How many of the leading tokens of ids end within the first num_bytes bytes."""
+  return int(np.sum(np.cumsum([len(vocab.token_bytes[i]) for i in ids]) <= num_bytes))
 
 
 def test_token_bytes_decode_like_the_tokenizer(tokenizer, vocab):
@@ -115,49 +182,77 @@ def test_render_slots_concatenates_chosen_candidates(tokenizer, vocab, rng):
     assert not np.asarray(ids)[int(length) :].any()
 
 
-@pytest.mark.parametrize("case", CASES, ids=range(len(CASES)))
-def test_parse_cases_host_and_device(vocab, case):
-  answer, names, max_actions, keep_unknown, expected, valid = case
-  assert text.parse_actions_text(answer, names, max_actions, keep_unknown) == (expected, valid)
-  # the native tokenisation and a char-by-char one must parse alike
-  by_char = [i for ch in answer for i in vocab.encode(ch)]
-  got, ids = device_parse(vocab, [answer, by_char], names, max_actions, keep_unknown)
-  host = text.parse_actions_text(vocab.tokenizer.decode(ids[0]), names, max_actions, keep_unknown)
-  assert got == [host, (expected, valid)]
+@pytest.mark.parametrize("enable_think", [True, False])
+def test_parse_cases_host_and_device(vocab, enable_think):
+  cases = CASES if enable_think else NO_THINK_CASES
+  for reply, names, max_actions, keep_unknown, expected, valid in cases:
+    assert text.parse_actions_text(text.THINK_OPEN + reply, names, max_actions, keep_unknown, enable_think) \
+      == (expected, valid), reply
+  for config in {case[1:4] for case in cases}:  # one device batch per parser configuration
+    group = [case for case in cases if case[1:4] == config]
+    replies = [case[0] for case in group]
+    # the native tokenisation and a char-by-char one must parse alike
+    by_char = [[i for ch in reply for i in vocab.encode(ch)] for reply in replies]
+    got, ids = device_parse(vocab, replies + by_char, *config, enable_think)
+    for reply, item_ids, native, char_wise, case in zip(replies, ids, got, got[len(group):], group):
+      host = text.parse_actions_text(text.THINK_OPEN + vocab.tokenizer.decode(item_ids), *config, enable_think)
+      assert [native, char_wise] == [host, tuple(case[4:])], reply
+
+
+def test_reasoning_cases(vocab):
+  replies = [reply for reply, _ in REASONING_CASES]
+  items = [vocab.encode(reply) for reply in replies]  # the tokenizer's split of the exact bytes
+  items += [[i for ch in reply for i in vocab.encode(ch)] for reply in replies]  # one token per char
+  assert device_reasoning(vocab, items, enable_think=False) == [0] * len(items)
+  for (reply, reasoning), item_ids, length in zip(REASONING_CASES * 2, items, device_reasoning(vocab, items)):
+    assert vocab.decode_bytes(item_ids) == reply.encode()
+    assert length == (0 if reasoning is None else tokens_before(vocab, item_ids, len(reasoning.encode()))), reply
+    parts = text.answer_parts(text.THINK_OPEN + reply)
+    assert (None if parts is None else parts[0]) == reasoning
 
 
 def random_answer(rng) -> str:
-  """Noise, then an answer block of up to 4 pieces (names in any case, junk), maybe unclosed."""
+  """Noise, maybe a `</think>` and whitespace, then an answer block of up to 4 pieces (names in any case,
+  tags, junk), maybe unclosed, then noise."""
   pieces = []
   for _ in range(rng.integers(0, 5)):
-    word = str(rng.choice(NAMES + TOGGLES + ("jump", "", "\u221a")))
+    word = str(rng.choice(NAMES + TOGGLES + ("jump", "", "\u221a", "Oa\u212a", "Le<think>ft", "<answer>up")))
     word = word.upper() if rng.random() < 0.3 else word.lower() if rng.random() < 0.5 else word
-    pieces.append(str(rng.choice([" ", "", "\n"])) + word + str(rng.choice(["", " ", "\t"])))
+    pieces.append(str(rng.choice([" ", "", "\n", "\u3000"])) + word + str(rng.choice(["", " ", "\t", "\u00a0"])))
   separator = str(rng.choice(["||", " || ", "|||"]))
+  think = "</think>" + str(rng.choice(["", " ", "\n\u2003", "."])) if rng.random() < 0.8 else ""
   close = "</answer>" if rng.random() < 0.9 else ""
-  return noise(rng, 4) + "<answer>" + separator.join(pieces) + close + noise(rng, 4)
+  return noise(rng, 4) + think + "<answer>" + separator.join(pieces) + close + noise(rng, 4)
 
 
 def test_parse_fuzz_host_device_agree(vocab, rng):
   texts = [noise(rng, 16) for _ in range(200)]
   texts += [random_answer(rng) for _ in range(300)]
   random_ids = [rng.integers(0, len(vocab.token_bytes), size=rng.integers(0, 24)).tolist() for _ in range(100)]
-  answer_ids = vocab.tokenizer.encode("<answer>", add_special_tokens=False)
+  answer_ids = vocab.tokenizer.encode("</think><answer>", add_special_tokens=False)
   random_ids += [answer_ids + ids for ids in random_ids]
   outcomes = []
-  for names, keep_unknown in ((NAMES, False), (TOGGLES, True)):
-    for max_actions in (1, 3):
-      got, ids = device_parse(vocab, texts + random_ids, names, max_actions, keep_unknown)
+  for enable_think in (True, False):
+    for names, max_actions, keep_unknown in ((NAMES + ARMS, 3, False), (TOGGLES, 2, True)):
+      got, ids = device_parse(vocab, texts + random_ids, names, max_actions, keep_unknown, enable_think)
       for item_ids, device in zip(ids, got):
-        decoded = vocab.tokenizer.decode(item_ids)
-        assert device == text.parse_actions_text(decoded, names, max_actions, keep_unknown), decoded
-      outcomes += [(len(actions), valid) for actions, valid in got]
+        turn = text.THINK_OPEN + vocab.tokenizer.decode(item_ids)
+        assert device == text.parse_actions_text(turn, names, max_actions, keep_unknown, enable_think), turn
+      outcomes += [(enable_think, len(actions), valid) for actions, valid in got]
+    reasoning = device_reasoning(vocab, ids, enable_think)
+    for item_ids, length in zip(ids, reasoning):
+      decoded = vocab.tokenizer.decode(item_ids)
+      parts = text.answer_parts(text.THINK_OPEN + decoded, enable_think)
+      if vocab.decode_bytes(item_ids) == decoded.encode():  # the host text has the device's bytes
+        assert length == (tokens_before(vocab, item_ids, len(parts[0].encode())) if parts else 0), decoded
+    assert any(reasoning) == enable_think
   # the fuzz reaches every kind of outcome
-  assert {(0, False), (1, False), (1, True), (2, True), (3, True)} <= set(outcomes)
+  kinds = ((0, False), (1, False), (1, True), (2, True), (3, True))
+  assert {(think, n, valid) for think in (True, False) for n, valid in kinds} <= set(outcomes)
 
 
 def test_ids_past_the_length_and_vocab_are_ignored(vocab):
-  ids = vocab.encode("<answer>Left</answer>")
+  ids = vocab.encode("go</think><answer>Left</answer>")
   names_AL, names_len_A = map(jnp.asarray, text.action_name_table(NAMES))
   noise = jnp.array(ids + vocab.encode("<answer>Up</answer>"))
   out = text.parse_actions(vocab.table, noise, jnp.int32(len(ids)), names_AL, names_len_A, 2)
@@ -166,22 +261,12 @@ def test_ids_past_the_length_and_vocab_are_ignored(vocab):
   assert out.actions_K.tolist() == [2, -1] and bool(out.valid)
 
 
-def test_find_token_locates_the_token_holding_the_pattern(vocab, rng):
-  find = jax.jit(text.find_token, static_argnums=3)
-  outcomes = set()
-  for _ in range(40):
-    ids = vocab.encode(noise(rng, 12))
-    padded = jnp.zeros(64, jnp.int32).at[: len(ids)].set(jnp.array(ids, jnp.int32))
-    index, found = find(vocab.table, padded, jnp.int32(len(ids)), "</think>")
-    at = vocab.decode_bytes(ids).find(b"</think>")
-    assert bool(found) == (at >= 0)
-    outcomes.add(bool(found))
-    if at >= 0:  # the pattern's first byte lies in token `index`
-      assert len(vocab.decode_bytes(ids[:index])) <= at < len(vocab.decode_bytes(ids[: index + 1]))
-  assert outcomes == {True, False}
+def test_whitespace_is_every_unicode_space():
+  assert set(text.WHITESPACE) == {c for c in map(chr, range(0x110000)) if c.isspace()}
+  assert [c for c in map(chr, range(0x80, 0x110000)) if c.lower().isascii()] == ["\u212a"]
 
 
 def test_action_names_are_checked():
-  for bad in ("", " Up", "Up||Down", "\u221a"):
+  for bad in ("", " Up", "Up\u00a0", "Up||Down", "\u221a", "<think>", "down"):
     with pytest.raises(ValueError):
       text.action_name_table(["Down", bad])

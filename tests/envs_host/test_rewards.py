@@ -20,28 +20,40 @@ FUZZ = settings(max_examples=300, deadline=None, database=None)
 
 
 @pytest.mark.parametrize(
-  "response, answer",
-  [
-    ("<think>hm</think><answer> 2 + 3 </answer>", "2 + 3"),
-    ("<answer>a</answer><answer>b</answer>", "a"),
-    ("<answer>\nmulti\nline\n</answer>", "multi\nline"),
-    ("<answer><answer>x</answer>", "<answer>x"),  # first open tag with a close after it
-    ("<answer></answer>", None),
-    ("<answer>   </answer>", None),
-    ("<answer>no close", None),
-    ("no tags at all", None),
-    ("</answer><answer>", None),
+  "response, enable_think, answer",
+  [  # the turn's text, the prompt's <think> included; expected answers from RAGEN's rules
+    ("<think>hm</think><answer> 2 + 3 </answer>", True, "2 + 3"),
+    ("<think>hm</think>\n<answer>a</answer><answer>b</answer>", True, "a"),
+    ("<think>hm</think><answer>\nmulti\nline\n</answer>", True, "multi\nline"),
+    ("<think>hm</think><answer><answer>x</answer>", True, "x"),  # stray tags are removed
+    ("<think>hm</think><answer>x<think>y</think><|im_end|>\u00a0</answer>", True, "xy"),
+    ("<think>I could write <answer>1</answer> but no</think><answer>2</answer>", True, "2"),
+    ("<think>go</think> So: <answer>7</answer>", True, None),  # text between </think> and <answer>
+    ("<think>go <answer>7</answer>", True, None),  # no </think>
+    ("<answer>a</answer>", True, None),
+    ("<think>hm</think><answer></answer>", True, None),
+    ("<think>hm</think><answer>\u00a0 </answer>", True, None),
+    ("<think>hm</think><answer>no close", True, None),
+    ("<think>hm</think></answer><answer>", True, None),
+    ("no tags at all", True, None),
+    ("<answer>a</answer><answer>b</answer>", False, "a"),
+    ("<think>go</think> So: <answer>7</answer>", False, "7"),
+    ("<think>go <answer><answer>7</answer>", False, "7"),
+    ("<answer>no close", False, None),
   ],
 )
-def test_extract_answer(response, answer):
-  assert extract_answer(response) == answer
+def test_extract_answer(response, enable_think, answer):
+  assert extract_answer(response, enable_think) == answer
 
 
 def test_extract_code_takes_first_fenced_block_inside_the_answer():
-  assert extract_code("<answer>```python\ndef f():\n    return 1\n```\ntext</answer>") == "def f():\n    return 1\n"
-  assert extract_code("<answer>def f(): return 1</answer>") == "def f(): return 1"
-  assert extract_code("```python\ndef f(): pass\n```") is None  # no answer block
-  assert extract_code("<answer>```python\n```</answer>") is None
+  code = "```python\ndef f():\n    return 1\n```\ntext"
+  assert extract_code(f"<think>p</think><answer>{code}</answer>") == "def f():\n    return 1\n"
+  assert extract_code(f"<answer>{code}</answer>", enable_think=False) == "def f():\n    return 1\n"
+  assert extract_code(f"<answer>{code}</answer>") is None  # no think block
+  assert extract_code("<think>p</think><answer>def f(): return 1</answer>") == "def f(): return 1"
+  assert extract_code("<think>p</think>```python\ndef f(): pass\n```") is None  # no answer block
+  assert extract_code("<think>p</think><answer>```python\n```</answer>") is None
 
 
 # --------------------------------------------------------------------------- arithmetic

@@ -79,11 +79,22 @@ def test_countdown_episode(data_dir):
   miss = env.step("<think>no answer tag</think>")
   assert (miss.format_ok, miss.reward, miss.done) == (False, 0.0, False)
   assert miss.observation == render(problem["numbers"], problem["target"])
+  assert not env.step(f"<think>easy</think> So: <answer>{problem['solution']}</answer>").format_ok
   hit = env.step(f"<think>easy</think><answer>{problem['solution']}</answer>")
   assert (hit.format_ok, hit.reward, hit.done, hit.success, hit.observation) == (True, 1.0, True, True, "")
   assert hit.info["target"] == problem["target"]
   with pytest.raises(RuntimeError, match="reset"):
     env.step("<answer>1</answer>")
+
+
+def test_answer_grammar_without_think(data_dir):
+  env = _countdown(data_dir)
+  env.reset(7)
+  solution = env.problems()[7]["solution"]
+  reply = f"<think>{solution} works, so <answer>{solution}</answer>"  # no </think>
+  assert not env.step(reply).format_ok
+  [step] = envs.host.score_batch([env], [reply], enable_think=False)
+  assert (step.format_ok, step.success) == (True, True)
 
 
 def test_math_episode_and_gold_answers_agree_with_reasoning_gym(data_dir):
@@ -97,7 +108,7 @@ def test_math_episode_and_gold_answers_agree_with_reasoning_gym(data_dir):
     entry = by_question[question]
     gold = env._problem["answer"]
     assert gym.score_answer(gold, entry) == 1.0
-    wrong = env.step(f"<answer>{int(float(gold)) + 1}</answer>")
+    wrong = env.step(f"<think>hm</think><answer>{int(float(gold)) + 1}</answer>")
     assert (wrong.reward, wrong.success, wrong.done) == (0.0, False, True)
     env.reset(seed)
     right = env.step(f"<think>...</think><answer>The total is \\boxed{{{gold}}}.</answer>")
@@ -120,7 +131,7 @@ def test_math_from_a_user_file(tmp_path, data_dir, layout):
   answers = dict(rows)
   assert all(p["answer"] == str(answers[p["question"]]) for p in list(train) + list(validation))
   question = env.reset(3)
-  assert env.step(f"<answer>{answers[question]}</answer>").reward == 1.0
+  assert env.step(f"<think>add</think><answer>{answers[question]}</answer>").reward == 1.0
 
 
 def test_math_file_with_separate_validation_file(tmp_path, data_dir):

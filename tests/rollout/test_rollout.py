@@ -10,7 +10,7 @@ import pytest
 from envs import text as env_text
 from ragen_jax.rollout import prompt
 from ragen_jax.rollout.device import device_rollout, slot_layout
-from ragen_jax.rollout.episodes import train_seeds
+from ragen_jax.rollout.episodes import act, train_seeds
 from ragen_jax.rollout.host import host_rollout, reprefill_policy
 from tests.conftest import REPLY
 
@@ -57,8 +57,8 @@ def test_conversation_matches_the_reference_layout(both_paths, tokenizer, sokoba
       reply = tokenizer.decode(reply_ids)
       turns.append((prev_reward, prompt.user_text(turn, env.render_text(state, env_params), actions_left,
                                                   greedy_config.max_new_tokens), reply, ended_by_eos))
-      actions, ok = env_text.parse_actions_text(reply, env.action_names(env_params), 2)
-      for a in actions if ok else []:
+      actions, _ = env_text.parse_actions_text(env_text.THINK_OPEN + reply, env.action_names(env_params), 2)
+      for a in actions:  # the recognised actions, also of a penalised turn
         _, state, _, _, _ = env.step(jax.random.key(0), state, a, env_params)
         actions_left -= 1
       prev_reward = float(device.turn_rewards[row, turn])
@@ -90,6 +90,41 @@ def test_rewards_and_scores_are_consistent(both_paths):
   assert np.all(device.score <= -0.1 * device.num_actions + 11.0)
   # Group members share the env seed, so greedy episodes in a group are identical.
   np.testing.assert_array_equal(device.tokens[0], device.tokens[1])
+
+
+@pytest.mark.parametrize("enable_think", [True, False])
+def test_act_steps_the_recognised_actions_also_of_penalised_turns(tokenizer, sokoban, sokoban_states, assets,
+                                                                  greedy_config, enable_think):
+  env, env_params = sokoban
+  up, down, left = 0, 1, 2
+  cases = [  # (reply, actions the reference steps, well-formed) under its think grammar and without it
+    ("push</think><answer>Up || Left</answer>", [up, left], True, [up, left], True),
+    ("push</think><answer>Up || Jump</answer>", [up], False, [up], False),
+    ("push</think><answer>Jump || LEFT || Up</answer>", [left], False, [left], False),  # 2 per turn
+    ("go</think> So: <answer>Up</answer>", [], False, [up], True),
+    ("go <answer>Up</answer>", [], False, [up], True),
+    ("I could write <answer>Up</answer> but no</think><answer>Down</answer>", [down], True, [up], True),
+    ("push</think>\u00a0<answer><answer>DOWN\u3000</answer>", [down], True, [down], True),
+  ]
+  config = dataclasses.replace(greedy_config, enable_think=enable_think)
+  ids = [tokenizer.encode(case[0]) for case in cases]
+  assert [tokenizer.decode(i) for i in ids] == [case[0] for case in cases]
+  replies_BN = np.zeros((len(cases), max(map(len, ids))), np.int32)
+  for row, row_ids in enumerate(ids):
+    replies_BN[row, :len(row_ids)] = row_ids
+  states = jax.tree.map(lambda x: x[:len(cases)], sokoban_states)
+  batch = len(cases)
+  outcome = act(env, env_params, assets, config, jax.random.key(0), states, jnp.asarray(replies_BN),
+                jnp.array([len(i) for i in ids]), jnp.ones(batch, bool), jnp.full(batch, 10))
+  for row, case in enumerate(cases):
+    actions, well_formed = case[1:3] if enable_think else case[3:5]
+    state, reward = jax.tree.map(lambda x: x[row], states), 0.0 if well_formed else config.format_penalty
+    for a in actions:
+      _, state, r, _, _ = env.step(jax.random.key(0), state, a, env_params)
+      reward += float(r)
+    assert (bool(outcome.format_ok[row]), int(outcome.num_actions[row])) == (well_formed, len(actions)), case[0]
+    assert float(outcome.reward[row]) == pytest.approx(reward), case[0]
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(a[row], b), outcome.env_state, state)
 
 
 def test_reward_text_rendering_matches_host():
