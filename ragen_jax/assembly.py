@@ -31,13 +31,13 @@ def check_model_and_env(config, env_name: str | None = None) -> None:
   """Validates the `model` section and the environment `env_name` (default `env.name`) with `env.params`."""
   check_one_of("model.dtype", config.model.dtype, DTYPES)
   check_one_of("model.param_dtype", config.model.param_dtype, DTYPES)
-  name = config.env.name if env_name is None else env_name
-  check_one_of("env.name", name, ENV_NAMES)
-  _environment(name, config.env.params.to_dict())  # bad env params fail here
+  _environment(config.env.name if env_name is None else env_name, config.env.params.to_dict())
 
 
 def _environment(name: str, overrides: dict):
-  """(env, env_params) of a pure-JAX environment, or (make_text_env, None) of a host text environment."""
+  """(env, env_params) of a pure-JAX environment, or (make_text_env, None) of a host text environment; an
+  unknown name or bad params raise ConfigError."""
+  check_one_of("env.name", name, ENV_NAMES)
   try:
     if name in host_envs.REGISTRY:
       host_envs.make_text_env(name, **overrides)
@@ -77,8 +77,8 @@ def build_mesh(config, batch_size: int | None = None) -> jax.sharding.Mesh:
 
 def build_experiment(config, rollout: RolloutConfig, mesh: jax.sharding.Mesh,
                      env_name: str | None = None) -> Experiment:
-  """Model, tokenizer and the rollout source of `env_name` (default `env.name`) on `mesh` (`build_mesh`)."""
-  check_model_and_env(config, env_name)
+  """Model, tokenizer and the rollout source of `env_name` (default `env.name`) on `mesh` (`build_mesh`);
+  the settings were validated first (`check_model_and_env`)."""
   name = config.env.name if env_name is None else env_name
   if jax.process_count() > 1 and name in host_envs.REGISTRY:
     raise ConfigError(f"env {name!r} is a host text environment, whose rollout is not split over processes yet; "
