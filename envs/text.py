@@ -66,9 +66,7 @@ STRIPPED_TAGS = (THINK_OPEN, THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE, "<|im_start
 WHITESPACE = (" \t\n\r\x0b\x0c\x1c\x1d\x1e\x1f\x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007"
               "\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000")  # every char with str.isspace(), re's \s
 _KELVIN = "\u212a"  # the one non-ASCII char whose str.lower() is ASCII ("k")
-_THINK_ANSWER = re.compile(f"{re.escape(THINK_OPEN)}(.*?){re.escape(THINK_CLOSE)}\\s*{re.escape(ANSWER_OPEN)}(.*?)"
-                           f"{re.escape(ANSWER_CLOSE)}", re.DOTALL)
-_ANSWER = re.compile(f"{re.escape(ANSWER_OPEN)}(.*?){re.escape(ANSWER_CLOSE)}", re.DOTALL)
+_BLANK_RUN = re.compile(r"\s*")  # re's \s, as in the reference pattern
 _BLANK_CODES = {n: [int.from_bytes(c.encode(), "big") for c in WHITESPACE if len(c.encode()) == n] for n in (1, 2, 3)}
 _TAGS_TL = np.array([list(t.encode().ljust(max(map(len, STRIPPED_TAGS)), b"\0")) for t in STRIPPED_TAGS], np.uint8)
 _TAGS_T = np.array([len(t) for t in STRIPPED_TAGS], np.int32)
@@ -320,14 +318,35 @@ class ParsedActions:
 
 def answer_parts(turn: str, enable_think: bool = True) -> tuple[str, str] | None:
   """Host reference of the grammar (module docstring) on a turn's text, the prompt's `<think>` included:
-  (reasoning, answer with the tags removed and stripped), or None without a well-formed answer block."""
-  match = (_THINK_ANSWER if enable_think else _ANSWER).search(turn)
-  if match is None:
+  (reasoning, answer with the tags removed and stripped), or None without a well-formed answer block.
+
+  Finds what the reference's `re.search` finds in linear time with `str.find` (the lazy pattern backtracks
+  quadratically on e.g. thousands of `<answer>`s): only the first `<think>` can start a match (a later start
+  sees a subset of its `</think>`s), the reasoning ends at the first `</think>` followed, after whitespace,
+  by `<answer>`, and if that block has no `</answer>` after it no later one does either.
+  """
+  reasoning, start = "", 0
+  if enable_think:
+    think = turn.find(THINK_OPEN)
+    if think < 0:
+      return None
+    close = turn.find(THINK_CLOSE, think + len(THINK_OPEN))
+    while close >= 0:
+      start = _BLANK_RUN.match(turn, close + len(THINK_CLOSE)).end()
+      if turn.startswith(ANSWER_OPEN, start):
+        break
+      close = turn.find(THINK_CLOSE, close + len(THINK_CLOSE))
+    if close < 0:
+      return None
+    reasoning = turn[think + len(THINK_OPEN) : close]
+  start = turn.find(ANSWER_OPEN, start)
+  end = turn.find(ANSWER_CLOSE, start + len(ANSWER_OPEN)) if start >= 0 else -1
+  if end < 0:
     return None
-  answer = match.group(2 if enable_think else 1)
+  answer = turn[start + len(ANSWER_OPEN) : end]
   for tag in STRIPPED_TAGS:
     answer = answer.replace(tag, "").strip()
-  return (match.group(1) if enable_think else ""), answer
+  return reasoning, answer
 
 
 def parse_actions_text(

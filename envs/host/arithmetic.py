@@ -1,8 +1,9 @@
 """A safe evaluator for the arithmetic a model writes (no `eval` of model text).
 
-`parse_arithmetic` reads integers, `+ - * /`, unary minus/plus and
+`parse_arithmetic` reads decimal integers, `+ - * /`, unary minus/plus and
 parentheses with Python's precedence (via `ast.parse`, which only builds a
-tree) and refuses everything else. `evaluate` computes exactly with
+tree) and refuses everything else, including Python's other integer literals
+(`0x2`, `0o5`, `0b10`, `1_0`) and exponents (`1e3`, a float anyway). `evaluate` computes exactly with
 `Fraction`s, so 7/3*3 is 7 and division by zero gives None.
 """
 
@@ -11,9 +12,11 @@ from __future__ import annotations
 import ast
 import dataclasses
 import operator
+import re
 from fractions import Fraction
 
 MAX_EXPRESSION_CHARS = 500
+_ARITHMETIC_CHARS = re.compile(r"[0-9+\-*/()\s]*")  # what ast.parse may see: no letters, so no 0x / 0o / 0b / 1e3 / 1_0
 
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
 _UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos}
@@ -29,7 +32,7 @@ class Arithmetic:
 
 def parse_arithmetic(text: str) -> Arithmetic | None:
   """The expression in `text`, or None if it is anything but integer arithmetic."""
-  if len(text) > MAX_EXPRESSION_CHARS:
+  if len(text) > MAX_EXPRESSION_CHARS or _ARITHMETIC_CHARS.fullmatch(text) is None:
     return None
   try:
     tree = ast.parse(text.strip(), mode="eval").body

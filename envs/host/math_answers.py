@@ -4,10 +4,11 @@
 1. Reduce each side to its final answer: the content of the last `\\boxed{}`
    (or `\\fbox{}`) if there is one, then the text after the last "=".
 2. If the gold answer is a number (integer, decimal, "1,234", "a/b",
-   `\\frac{a}{b}`, optionally signed), the prediction matches when its number
-   is within 1e-6 of it (exact rationals, so 1/3 matches 0.3333333). The prediction's number is the one it
-   starts with when it starts with one ("72 apples." -> 72), else its last
-   number ("so she has 72" -> 72).
+   `\\frac{a}{b}`, optionally signed), the prediction matches when it states
+   exactly one number, within 1e-6 of it (exact rationals, so 1/3 matches
+   0.3333333), with words around it ("72 apples.", "so she has 72") but no
+   other digit, operator or LaTeX command: "72e3", "72!", "72^2", "- 72",
+   "72 or 73", "\\sqrt{72}" and "1e309" (against 1) are wrong.
 3. Otherwise both sides are compared as strings after removing whitespace,
    `$`, `\\left`/`\\right`, `\\!`, `\\text{...}` wrappers, a trailing period,
    mapping `\\dfrac`/`\\tfrac` to `\\frac`, and lower-casing.
@@ -15,6 +16,13 @@
 `gold_answer(solution)` reads the gold answer from the common layouts: GSM8K
 ("... #### 72"), MetaMathQA ("... The answer is: 72"), a `\\boxed{}`, or a
 bare answer.
+
+Why not math-verify (`math_verify.verify`) alone: it extracts one value
+from a free-form answer and is lenient about what surrounds it, so it accepts
+"72e3", "72!", "- 72" and "1e309" (against 1) as the number they start or end
+with. A reward must not pay for an answer that states another value, so this
+checker is stricter; tests/envs_host/test_rewards.py holds both to a shared
+table of cases, listing where they differ and why.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ _NUMBER = r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d{1,60})(?:\.\d{1,60})?|[-+]?\.\d{1,60}"
 _NUMBER_ONLY = re.compile(rf"\s*(?P<n>{_NUMBER})\s*(?:/\s*(?P<d>{_NUMBER})\s*)?")
 _LEADING_NUMBER = re.compile(rf"(?P<n>{_NUMBER})(?:\s*/\s*(?P<d>{_NUMBER}))?")
 _ANY_NUMBER = re.compile(rf"(?<![\w.])(?P<n>{_NUMBER})(?:\s*/\s*(?P<d>{_NUMBER}))?")
+_NOT_ONE_VALUE = re.compile(r"[\d+\-*/^!<>=\u2212\u00d7\u00f7\u00b7\u2264\u2265]|\\[A-Za-z]")  # left beside the number
 _FRAC = re.compile(r"\\[dt]?frac\s*\{\s*([^{}]*)\}\s*\{\s*([^{}]*)\}")
 _TEXT = re.compile(r"\\(?:text|textbf|mathrm|mbox)\s*\{([^{}]*)\}")
 _BOX_OPENERS = ("\\boxed{", "\\fbox{")
@@ -82,13 +91,12 @@ def parse_number(text: str) -> Fraction | None:
 
 
 def find_number(text: str) -> Fraction | None:
-  """The number a free-form answer gives: the one it starts with, else its last one."""
+  """The one number a free-form answer states, among words only; None for anything else (module docstring)."""
   text = _frac_to_slash(_clean(text))
-  match = _LEADING_NUMBER.match(text)
-  if match is None:
-    matches = list(_ANY_NUMBER.finditer(text))
-    match = matches[-1] if matches else None
-  return None if match is None else _to_fraction(match["n"], match["d"])
+  match = _LEADING_NUMBER.match(text) or _ANY_NUMBER.search(text)
+  if match is None or _NOT_ONE_VALUE.search(text[: match.start()] + " " + text[match.end() :]):
+    return None
+  return _to_fraction(match["n"], match["d"])
 
 
 def normalise_text(text: str) -> str:

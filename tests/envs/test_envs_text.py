@@ -1,5 +1,7 @@
 """Token tables, rendering and answer parsing (envs.text) against real tokenizers."""
 import functools
+import re
+import time
 
 import jax
 import jax.numpy as jnp
@@ -249,6 +251,47 @@ def test_parse_fuzz_host_device_agree(vocab, rng):
   # the fuzz reaches every kind of outcome
   kinds = ((0, False), (1, False), (1, True), (2, True), (3, True))
   assert {(think, n, valid) for think in (True, False) for n, valid in kinds} <= set(outcomes)
+
+
+# The reference's own pattern (RAGEN ctx_manager), the peer of the linear-time host parser.
+_PEER_THINK = re.compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", re.DOTALL)
+_PEER_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def peer_answer_parts(turn: str, enable_think: bool) -> tuple[str, str] | None:
+  match = (_PEER_THINK if enable_think else _PEER_ANSWER).search(turn)
+  if match is None:
+    return None
+  answer = match.group(2 if enable_think else 1)
+  for tag in text.STRIPPED_TAGS:
+    answer = answer.replace(tag, "").strip()
+  return (match.group(1) if enable_think else ""), answer
+
+
+def test_answer_parts_equal_the_reference_regex(rng):
+  pieces = ["<think>", "</think>", "<answer>", "</answer>", "<|im_end|>", " ", "\n", "\u3000", "Up", "||", "x", "<"]
+  turns = ["".join(rng.choice(pieces, size=rng.integers(0, 14))) for _ in range(3000)]
+  turns += [random_answer(rng) for _ in range(500)]
+  found = 0
+  for turn in turns:
+    for enable_think in (True, False):
+      parts = text.answer_parts(turn, enable_think)
+      assert parts == peer_answer_parts(turn, enable_think), (turn, enable_think)
+      found += parts is not None
+  assert found > 500  # the fuzz reaches well-formed blocks too
+
+
+def test_answer_parts_are_linear_on_pathological_replies():
+  long_reply = "<think>" + "let me count the boxes. " * 3000 + "</think> <answer>Up || Down</answer>"
+  start = time.process_time()
+  for enable_think in (True, False):
+    for tag in ("<answer>", "<think>", "</answer>", "</think>", "</think> <answer>"):
+      assert text.answer_parts(tag * 8000, enable_think) is None
+    assert text.answer_parts("<think>" * 8000 + "</think><answer>a</answer>", enable_think)[1] == "a"
+    assert text.answer_parts("<think>a</think>" + "<answer>" * 8000 + "</answer>", enable_think)[1] == ""
+  assert text.answer_parts(long_reply) == (long_reply[7:-36], "Up || Down")
+  assert text.answer_parts(long_reply, enable_think=False) == ("", "Up || Down")
+  assert time.process_time() - start < 1.0  # the reference regex takes seconds on each of these
 
 
 def test_ids_past_the_length_and_vocab_are_ignored(vocab):

@@ -6,6 +6,7 @@ from fractions import Fraction
 
 import pytest
 from hypothesis import assume, given, settings, strategies as st
+from math_verify import parse, verify
 
 from envs.host.arithmetic import evaluate, parse_arithmetic
 from envs.host.base import extract_answer
@@ -107,6 +108,13 @@ def test_evaluator_matches_python_arithmetic(text):
     "",
     "((((1",
     "1e3",
+    "0x2",
+    "0X2",
+    "0o5",
+    "0b10",
+    "1_0",
+    "1E3",
+    "\u0663",  # a non-ASCII digit
     "(" * 300 + "1" + ")" * 300,
     "1" * 600,
   ],
@@ -139,6 +147,10 @@ def test_evaluator_is_exact():
     ("12 / 3 + 3", [3, 3, 12], 7, 1.0),  # repeated numbers
     ("12 / 3 + 12", [3, 3, 12], 16, 0.0),
     ("-3 + 5 + 2", [3, 5, 2], 4, 1.0),
+    ("0x2+0x5-0x3", [3, 5, 2], 4, 0.0),  # decimal integer literals only
+    ("0b10+0o5-3", [3, 5, 2], 4, 0.0),
+    ("1_0 / 5 + 2", [10, 5, 2], 4, 0.0),
+    ("2e0 + 5 - 3", [3, 5, 2], 4, 0.0),
   ],
 )
 def test_countdown_reward_cases(answer, numbers, target, reward):
@@ -212,7 +224,20 @@ def test_math_answers_that_match(predicted, gold):
     ("7.2", "72"),
     ("", "72"),
     ("seventy-two", "72"),
-    ("72 or 73", "73"),  # the leading number counts
+    ("72 or 73", "73"),  # two values
+    ("72 or 73", "72"),
+    ("72, 73", "72"),
+    ("72e3", "72"),
+    ("72E0", "72"),
+    ("72!", "72"),
+    ("72^2", "72"),
+    ("72 * 1", "72"),
+    ("- 72", "72"),
+    ("\u221272", "72"),
+    ("\\sqrt{72}", "72"),
+    ("x > 72", "72"),
+    ("1e309", "1"),
+    ("so she has 3 bags of 72", "72"),
     ("\\boxed{71} but maybe 72", "72"),  # the box wins
     ("-72", "72"),
     ("(1, 3)", "(1,2)"),
@@ -222,6 +247,50 @@ def test_math_answers_that_match(predicted, gold):
 )
 def test_math_answers_that_do_not_match(predicted, gold):
   assert not answers_match(predicted, gold)
+
+
+# Shared with math-verify (`verify(parse(gold), parse(predicted))`), the well-kept peer: answers both judge right,
+# answers both judge wrong, and answers math-verify accepts but ours rejects, each with the reason.
+MATH_BOTH_RIGHT = [
+  ("72", "72"),
+  ("72.0", "72"),
+  ("72.00", "72"),
+  ("$72$", "72"),
+  ("\\boxed{72}", "72"),
+  ("The answer is \\boxed{72}.", "72"),
+  ("72 apples.", "72"),
+  ("so she has 72", "72"),
+  ("x = 72", "72"),
+  ("1,234", "1234"),
+  ("0.5", "1/2"),
+  ("\\frac{1}{2}", "0.5"),
+  ("-3", "-3"),
+]
+MATH_BOTH_WRONG = [("71", "72"), ("720", "72"), ("-72", "72"), ("72 or 73", "72"), ("72^2", "72"), ("$72!$", "72")]
+MATH_STRICTER_THAN_MATH_VERIFY = [
+  ("72e3", "72"),  # math-verify reads the leading 72 of 72000
+  ("72!", "72"),  # outside $...$ it reads the 72 and drops the factorial
+  ("- 72", "72"),  # it drops a spaced unary minus: the answer is -72
+  ("1e309", "1"),  # it reads the leading 1 of an overflowing float
+]
+
+
+@pytest.mark.parametrize("predicted, gold", MATH_BOTH_RIGHT)
+def test_math_answers_right_for_both_checkers(predicted, gold):
+  assert answers_match(predicted, gold)
+  assert verify(parse(gold), parse(predicted))
+
+
+@pytest.mark.parametrize("predicted, gold", MATH_BOTH_WRONG)
+def test_math_answers_wrong_for_both_checkers(predicted, gold):
+  assert not answers_match(predicted, gold)
+  assert not verify(parse(gold), parse(predicted))
+
+
+@pytest.mark.parametrize("predicted, gold", MATH_STRICTER_THAN_MATH_VERIFY)
+def test_math_answers_only_math_verify_accepts(predicted, gold):
+  assert not answers_match(predicted, gold)
+  assert verify(parse(gold), parse(predicted))  # if math-verify gets strict here, move the case to MATH_BOTH_WRONG
 
 
 @pytest.mark.parametrize(
