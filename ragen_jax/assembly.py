@@ -43,7 +43,7 @@ def _environment(name: str, overrides: dict):
       host_envs.make_text_env(name, **overrides)
       return functools.partial(host_envs.make_text_env, name, **overrides), None
     return envs.make(name, **overrides)
-  except (TypeError, ValueError) as error:
+  except (TypeError, ValueError, OSError) as error:  # a host env reads and checks its data files here
     raise ConfigError(f"env.params {overrides} do not fit env {name!r}: {error}") from error
 
 

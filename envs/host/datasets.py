@@ -13,8 +13,11 @@ locally, or from a file the user names.
 * `RagenMathFile`: a user's JSON list or JSONL file with a question and a
   worked or bare answer per record (GSM8K `question`/`answer`, MetaMathQA
   `query`/`response`, or `problem`/`solution`); the gold answer is read with
-  `math_answers.gold_answer`. Validation comes from `validation_path`, or is
-  a stable hash-chosen `validation_fraction` of the file.
+  `math_answers.gold_answer` (a numeric answer is taken as its text; a UTF-8
+  byte-order mark is skipped). Validation comes from `validation_path`, or is
+  a stable hash-chosen `validation_fraction` of the file. The files are read
+  and checked when the env is configured: a broken record (named by
+  file:line), an empty file or a split left empty is a ValueError.
 
 `problems(builder, config, split, data_dir)` returns a cached, decoded,
 random-access view. The default data directory is `$RAGEN_JAX_CACHE/tfds`,
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 import os
 import pathlib
 import threading
@@ -145,8 +149,10 @@ class RagenCountdown(_InMemoryBuilder):
 
 
 def _check_problem(question, answer, where: str) -> dict:
+  if isinstance(answer, (int, float)) and not isinstance(answer, bool):
+    answer = str(answer)  # a numeric gold answer ({"answer": 72}) is kept as its text
   if not isinstance(question, str) or not question.strip() or not isinstance(answer, str) or not answer.strip():
-    raise ValueError(f"{where}: question and answer must be non-empty strings")
+    raise ValueError(f"{where}: question and answer must be non-empty strings (or a number for the answer)")
   return {"question": question.strip(), "answer": gold_answer(answer)}
 
 
@@ -188,20 +194,37 @@ class RagenMathFile(_InMemoryBuilder):
 
   def make_splits(self) -> tuple[list[dict], list[dict]]:
     c = self.builder_config
-    if not c.path:
-      raise ValueError("RagenMathFile needs MathFileConfig(path=...)")
+    return math_file_splits(c.name, c.path, c.validation_path, c.validation_fraction)
 
-    def load(path: str) -> list[dict]:
-      return [
-        _check_problem(field(r, _QUESTION_KEYS, place), field(r, _ANSWER_KEYS, place), place)
-        for place, r in read_records(path)
-      ]
 
-    if c.validation_path:
-      return load(c.path), load(c.validation_path)
-    items = load(c.path)
-    held_out = [in_validation(p["question"], c.validation_fraction) for p in items]
-    return [p for p, v in zip(items, held_out) if not v], [p for p, v in zip(items, held_out) if v]
+@functools.lru_cache(maxsize=32)
+def math_file_splits(name: str, path: str, validation_path: str, validation_fraction: float
+                     ) -> tuple[list[dict], list[dict]]:
+  """(train, validation) problems of a `MathFileConfig`'s fields; ValueError naming the file (and line) when
+  a record is broken or a split would be empty. Cached per config `name`, which changes with the files."""
+  del name  # the cache key only
+  if not path:
+    raise ValueError("RagenMathFile needs MathFileConfig(path=...)")
+
+  def load(file: str) -> list[dict]:
+    items = [
+      _check_problem(field(r, _QUESTION_KEYS, place), field(r, _ANSWER_KEYS, place), place)
+      for place, r in read_records(file)
+    ]
+    if not items:
+      raise ValueError(f"{file} has no records")
+    return items
+
+  if validation_path:
+    return load(path), load(validation_path)
+  items = load(path)
+  held_out = [in_validation(p["question"], validation_fraction) for p in items]
+  train, validation = [p for p, v in zip(items, held_out) if not v], [p for p, v in zip(items, held_out) if v]
+  if not train or not validation:
+    raise ValueError(f"all {len(items)} records of {path} land in the {'validation' if train == [] else 'train'} "
+                     f"split with validation_fraction={validation_fraction}; add records, change the "
+                     f"fraction or give a validation_path")
+  return train, validation
 
 
 # --------------------------------------------------------------------------- loading
@@ -288,15 +311,19 @@ def gsm_symbolic_config(**params) -> GsmSymbolicConfig:
 
 
 def math_file_config(path: str, validation_path: str = "", validation_fraction: float = 0.1) -> MathFileConfig:
+  """A MathFileConfig named after the files' digest; the files are read and checked (`math_file_splits`)."""
   for p in (path, validation_path):
     if p and not os.path.isfile(p):
       raise FileNotFoundError(f"math problem file not found: {p}")
   if not 0.0 <= validation_fraction < 1.0:
     raise ValueError(f"validation_fraction must be in [0, 1), got {validation_fraction}")
   name = f"file{file_digest(path, validation_path)}_val{validation_fraction}".replace(".", "p")
-  return MathFileConfig(
+  config = MathFileConfig(
     name=name,
     path=os.path.abspath(path),
     validation_path=validation_path and os.path.abspath(validation_path),
     validation_fraction=validation_fraction,
   )
+  # read and checked now, once per file version, not at the first reset
+  math_file_splits(config.name, config.path, config.validation_path, validation_fraction)
+  return config

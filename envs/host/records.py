@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 def read_records(path: str) -> list[tuple[str, dict]]:
   """(place, record) for each object of a JSON list or JSONL file; place is
-  "path:line" or "path[index]". ValueError naming the place on bad input."""
-  text = pathlib.Path(path).read_text(encoding="utf-8")
+  "path:line" or "path[index]". ValueError naming the place on bad input. A UTF-8 byte-order mark is skipped."""
+  text = pathlib.Path(path).read_text(encoding="utf-8-sig")
   if text.lstrip().startswith("["):
     try:
       items = json.loads(text)

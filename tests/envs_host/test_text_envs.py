@@ -3,6 +3,7 @@ reasoning-gym's own scorers, seeds pick problems deterministically, splits are
 disjoint, user files load, and every response gets a reward."""
 
 import json
+import os
 import sys
 
 import pytest
@@ -10,6 +11,10 @@ from hypothesis import given, settings, strategies as st
 
 import envs.host
 from envs.host.countdown import countdown_reward, render
+from ragen_jax.assembly import check_model_and_env
+from ragen_jax.config import ConfigError, load_config_file
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SMALL = dict(train_size=48, validation_size=16)
 FUZZ = settings(max_examples=100, deadline=None, database=None)
@@ -154,9 +159,63 @@ def test_math_file_with_separate_validation_file(tmp_path, data_dir):
 def test_bad_user_files_fail_early_and_clearly(tmp_path, data_dir, content, message):
   path = tmp_path / "bad.jsonl"
   path.write_text(content)
-  env = envs.host.make_text_env("math", path=str(path), data_dir=data_dir)
-  with pytest.raises(Exception, match=message):
-    env.reset(0)
+  with pytest.raises(ValueError, match=message):  # when the env is configured, before any reset
+    envs.host.make_text_env("math", path=str(path), data_dir=data_dir)
+
+
+def _check_math_config(data_dir, **params):
+  """`assembly.check_model_and_env` of the tiny test config on the math env with `params`."""
+  config = load_config_file(os.path.join(ROOT, "configs/tiny_test.py"))
+  config.env.name, config.env.params = "math", {"data_dir": data_dir, **params}
+  check_model_and_env(config)
+
+
+def _write(path, lines, prefix=""):
+  path.write_text(prefix + "\n".join(json.dumps(line) for line in lines) + "\n", encoding="utf-8")
+  return str(path)
+
+
+PROBLEMS = [{"question": f"What is {i} + {i}?", "answer": f"#### {2 * i}"} for i in range(40)]
+
+
+def test_config_refuses_an_empty_validation_file(tmp_path, data_dir):
+  validation_path = tmp_path / "val.jsonl"
+  validation_path.write_text("\n\n")
+  with pytest.raises(ConfigError, match=r"val.jsonl has no records$"):
+    _check_math_config(data_dir, path=_write(tmp_path / "train.jsonl", PROBLEMS), validation_path=str(validation_path))
+
+
+def test_config_refuses_a_file_that_lands_in_one_split(tmp_path, data_dir):
+  with pytest.raises(ConfigError, match="all 40 records of .*train.jsonl land in the train split") as error:
+    _check_math_config(data_dir, path=_write(tmp_path / "train.jsonl", PROBLEMS), validation_fraction=0.0)
+  assert "\n" not in str(error.value)
+
+
+def test_config_names_the_line_of_a_broken_record(tmp_path, data_dir):
+  path = tmp_path / "broken.jsonl"
+  path.write_text(json.dumps(PROBLEMS[0]) + '\n{"question": "q", "answer": \n')
+  with pytest.raises(ConfigError, match=r"broken.jsonl:2: not JSON") as error:
+    _check_math_config(data_dir, path=str(path))
+  assert "\n" not in str(error.value)
+
+
+def test_config_accepts_a_byte_order_mark(tmp_path, data_dir):
+  path = _write(tmp_path / "bom.jsonl", PROBLEMS, prefix="\ufeff")
+  _check_math_config(data_dir, path=path)
+  list_path = tmp_path / "bom.json"
+  list_path.write_text("\ufeff" + json.dumps(PROBLEMS), encoding="utf-8")
+  _check_math_config(data_dir, path=str(list_path))
+  env = envs.host.make_text_env("math", path=path, data_dir=data_dir)
+  assert len(env.problems("train")) + len(env.problems("validation")) == 40
+
+
+def test_config_accepts_numeric_answers_as_text(tmp_path, data_dir):
+  path = _write(tmp_path / "numeric.jsonl", [{"question": f"Half of {2 * i}?", "answer": i} for i in range(39)]
+                + [{"question": "Half of 1?", "answer": 0.5}])
+  _check_math_config(data_dir, path=path)
+  env = envs.host.make_text_env("math", path=path, data_dir=data_dir)
+  answers = {p["question"]: p["answer"] for p in list(env.problems("train")) + list(env.problems("validation"))}
+  assert answers["Half of 14?"] == "7" and answers["Half of 1?"] == "0.5"
 
 
 def test_config_errors(data_dir):
