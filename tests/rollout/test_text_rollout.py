@@ -1,7 +1,5 @@
 """Host text-environment rollouts (`rollout.text.text_rollout`) past the episode token budget."""
 
-import dataclasses
-
 import jax
 import numpy as np
 import pytest
