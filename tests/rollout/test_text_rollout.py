@@ -14,9 +14,9 @@ from ragen_jax.rollout.text import text_rollout
 
 
 class EchoEnv:
-  """Three turns of "say something": reward 1 per answered turn, never done early."""
+  """Two turns of "say something": reward 1 per answered turn."""
 
-  name, instruction, max_turns = "echo", "Answer anything.", 3
+  name, instruction, max_turns = "echo", "Answer anything.", 2
 
   def reset(self, seed: int, split: str = "train") -> str:
     self._turns = 0
@@ -36,20 +36,25 @@ def random_model(tokenizer):
   return Model(config=config, params=init_params(config, jax.random.key(0)), mesh=mesh_lib.single_device_mesh())
 
 
-def rollout(model, tokenizer, seq_len):
-  config = RolloutConfig(max_turns=3, max_new_tokens=6, temperature=1.0, max_episode_len=seq_len)
-  return text_rollout(model, tokenizer, env_text.Vocab(tokenizer).table, EchoEnv, config, np.arange(2),
-                      np.arange(2), jax.random.key(0), seq_len)
+@pytest.fixture(scope="module")
+def vocab_table(tokenizer):
+  return env_text.Vocab(tokenizer).table
 
 
-def test_episodes_past_max_episode_len_are_truncated_with_the_format_penalty(random_model, tokenizer):
-  full = rollout(random_model, tokenizer, 4096)
+def rollout(model, tokenizer, vocab_table, seq_len):
+  config = RolloutConfig(max_turns=2, max_new_tokens=6, temperature=1.0, max_episode_len=seq_len)
+  return text_rollout(model, tokenizer, vocab_table, EchoEnv, config, np.arange(2), np.arange(2),
+                      jax.random.key(0), seq_len)
+
+
+def test_episodes_past_max_episode_len_are_truncated_with_the_format_penalty(random_model, tokenizer, vocab_table):
+  full = rollout(random_model, tokenizer, vocab_table, 4096)
   lengths = np.asarray(full.valid).sum(1)
-  assert (np.asarray(full.num_turns) == 3).all()
+  assert (np.asarray(full.num_turns) == 2).all()
   first_turn = int(np.asarray(full.response_start)[:, 0].max()) + 2  # the first prompts and two reply tokens
   # a turn-0 reply cut (the next prompt has no room), then the shortest episode's last reply cut
-  for seq_len, turns in ((first_turn, [1, 1]), (int(lengths.min()) - 1, [3, 3])):
-    traj = rollout(random_model, tokenizer, seq_len)
+  for seq_len, turns in ((first_turn, [1, 1]), (int(lengths.min()) - 1, [2, 2])):
+    traj = rollout(random_model, tokenizer, vocab_table, seq_len)
     assert np.asarray(traj.valid).sum(1).max() <= seq_len
     assert np.asarray(traj.num_turns).tolist() == turns
     rewards, last = np.asarray(traj.turn_rewards), (np.arange(2), np.asarray(turns) - 1)
