@@ -19,7 +19,7 @@ def test_pass_at_k_written_out():
   assert evaluate.pass_at_k(successes, 1) == pytest.approx((0.25 + 0.0 + 1.0) / 3)
 
 
-def test_evaluation_writes_results_and_builds_no_trainer(replying_model_dir, tmp_path):
+def test_evaluation_writes_results_and_builds_no_trainer(replying_model_dir, tmp_path, capsys):
   config = load_config_file(os.path.join(ROOT, "configs/tiny_test.py"))
   config.model.path = str(replying_model_dir)
   config.workdir = str(tmp_path)
@@ -32,7 +32,17 @@ def test_evaluation_writes_results_and_builds_no_trainer(replying_model_dir, tmp
   assert metrics["pass@1"] <= metrics["pass@2"] <= 1.0
   assert 0.0 <= metrics["valid_action_rate"] <= 1.0 and metrics["num_turns"] >= 1
   assert "| sokoban |" in (tmp_path / "evaluation.md").read_text()
-  assert sorted(os.listdir(tmp_path)) == ["evaluation.json", "evaluation.md"]  # no checkpoints, no metrics
+  assert sorted(os.listdir(tmp_path)) == ["evaluation.json", "evaluation.md", "transcripts.jsonl"]  # no checkpoints
+  # it says what it does, and shows an episode: the first prompt and each turn's reply with its parsed actions
+  printed = capsys.readouterr().out
+  for line in (f"model: {replying_model_dir}\n", "sokoban: compiling the rollout, then playing 4 seeds x 2 sample(s)",
+               f"sokoban: success {metrics['success']:.3f}",
+               "sokoban, first episode (every prompt in transcripts.jsonl): seed 123: ", "--- turn 1 prompt\nTurn 1:\nState:\n", "--- turn 1 reply (actions: "):
+    assert line in printed, line
+  assert "--- system prompt" not in printed and "--- turn 2 prompt" not in printed
+  transcripts = [json.loads(line) for line in (tmp_path / "transcripts.jsonl").read_text().splitlines()]
+  assert [(r["env"], r["seed"]) for r in transcripts] == [("sokoban", 123), ("sokoban", 123), ("sokoban", 124),
+                                                          ("sokoban", 124)]  # k = 2 samples of each seed
 
 
 def test_every_environment_is_checked_before_the_first_is_evaluated():

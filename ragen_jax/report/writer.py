@@ -7,9 +7,12 @@ import math
 import os
 from collections.abc import Mapping
 
+from ragen_jax.report.transcripts import transcript_text, write_jsonl
+
 
 class MetricWriter:
-  """Writes scalar metrics per iteration to `workdir/metrics.jsonl`, TensorBoard and W&B.
+  """Writes scalar metrics per iteration to `workdir/metrics.jsonl`, TensorBoard and W&B, and transcripts of
+  episodes to `workdir/transcripts.jsonl` and TensorBoard.
 
   Only process 0 writes; other processes get a writer that does nothing.
   """
@@ -22,6 +25,7 @@ class MetricWriter:
       return
     os.makedirs(workdir, exist_ok=True)
     self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a")
+    self._transcripts_path = os.path.join(workdir, "transcripts.jsonl")
     if tensorboard:
       from tensorboardX import SummaryWriter
       self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
@@ -45,6 +49,17 @@ class MetricWriter:
       self._tb.flush()
     if self._wandb is not None:
       self._wandb.log(clean, step=step)
+
+  def write_transcripts(self, step: int, records: list[dict]) -> None:
+    """Appends decoded episodes (`report.transcripts`) to `workdir/transcripts.jsonl` with the step, and writes
+    each to TensorBoard's text tab as `transcripts/<index>`."""
+    if not self.enabled or not records:
+      return
+    write_jsonl(self._transcripts_path, [{"step": step, **record} for record in records])
+    if self._tb is not None:
+      for index, record in enumerate(records):  # indented: a markdown code block, shown verbatim
+        self._tb.add_text(f"transcripts/{index}", "    " + transcript_text(record).replace("\n", "\n    "), step)
+      self._tb.flush()
 
   def close(self) -> None:
     if self._jsonl is not None:
