@@ -3,7 +3,8 @@
 Entry points call `run(main)`: before anything is compiled, an override of a key
 the config does not have fails with the key's name and the closest real keys.
 Wrong types are rejected by ml_collections with the flag's name, and a value the
-section dataclasses reject (`ConfigError`) ends the run with its one-line message.
+section dataclasses reject (`ConfigError`), or any other `UserError` (a run halted on non-finite updates,
+checkpoints that do not restore), ends the run with its one-line message.
 """
 
 from __future__ import annotations
@@ -20,7 +21,11 @@ from ml_collections import config_flags
 CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file with get_config().")
 
 
-class ConfigError(ValueError):
+class UserError(Exception):
+  """An error the user can act on: entry points print it as one line `error: ...` and exit non-zero."""
+
+
+class ConfigError(UserError, ValueError):
   """A config key or value that cannot work; raised before any compilation."""
 
 
@@ -101,7 +106,7 @@ def run(main: Callable[[ml_collections.ConfigDict], None], default_config: str |
   def run_main(_):
     try:
       main(CONFIG.value)
-    except ConfigError as e:
+    except UserError as e:
       sys.exit(f"error: {e}")
 
   app.run(run_main, flags_parser=parse_flags)

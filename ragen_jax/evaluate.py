@@ -10,7 +10,6 @@ each environment, decoded: `report.transcripts`) into the config's workdir.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
@@ -22,7 +21,8 @@ from ragen_jax import config as config_lib
 from ragen_jax import mesh as mesh_lib
 from ragen_jax.assembly import build_experiment, build_mesh, check_model_and_env
 from ragen_jax.report.startup import quiet_library_logs, startup_lines
-from ragen_jax.report.transcripts import decode_episodes, first_episodes, transcript_text, write_jsonl
+from ragen_jax.report.transcripts import decode_episodes, first_episodes, transcript_text
+from ragen_jax.report.writer import TRANSCRIPTS_FILE, dump_json, json_ready, write_jsonl
 from ragen_jax.rollout.episodes import RolloutConfig
 from ragen_jax.trainer import TrainConfig
 from ragen_jax.trajectories import Trajectories, rollout_metrics
@@ -100,10 +100,10 @@ def main(config):
   if not is_main:  # process 0 writes the results
     return
   os.makedirs(config.workdir, exist_ok=True)
-  with open(os.path.join(config.workdir, "evaluation.json"), "w") as f:
-    json.dump(results, f, indent=2)
+  dump_json({name: json_ready(metrics) for name, metrics in results.items()},
+            os.path.join(config.workdir, "evaluation.json"))
   if transcripts:
-    write_jsonl(os.path.join(config.workdir, "transcripts.jsonl"), transcripts, mode="w")
+    write_jsonl(os.path.join(config.workdir, TRANSCRIPTS_FILE), transcripts, mode="w")
   table = markdown_table(results)
   with open(os.path.join(config.workdir, "evaluation.md"), "w") as f:
     f.write(table + "\n")

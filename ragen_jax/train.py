@@ -12,6 +12,7 @@ import jax
 
 from ragen_jax import config as config_lib
 from ragen_jax.report.startup import quiet_library_logs
+from ragen_jax.report.writer import json_ready
 from ragen_jax.trainer import train
 
 
@@ -20,7 +21,8 @@ def main(config):
   quiet_library_logs()
   metrics = train(config)
   if jax.process_index() == 0:
-    print(json.dumps({k: round(v, 4) for k, v in metrics.items() if "/" in k and not k.startswith("time")}, indent=1))
+    shown = json_ready({k: v for k, v in metrics.items() if "/" in k and not k.startswith("time")})
+    print(json.dumps({k: v if v is None else round(v, 4) for k, v in shown.items()}, indent=1))
 
 
 if __name__ == "__main__":

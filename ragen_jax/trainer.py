@@ -7,7 +7,6 @@ builds the experiment (`assembly`) and the train state; `train` runs a whole con
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import time
@@ -19,7 +18,7 @@ import numpy as np
 from ragen_jax import mesh as mesh_lib
 from ragen_jax.assembly import Experiment, build_experiment, build_mesh, check_model_and_env
 from ragen_jax.checkpoint import Checkpointer, abstract_like
-from ragen_jax.config import ConfigError, check
+from ragen_jax.config import ConfigError, UserError, check
 from ragen_jax.diagnostics.alarm import AlarmState, update_alarm
 from ragen_jax.diagnostics.collapse import (CollapseConfig, init_diagnostics_state, make_diagnostics_fn,
                                             make_grad_analysis_fn, without_skipped)
@@ -27,7 +26,7 @@ from ragen_jax.models.model import abstract_params, param_shardings
 from ragen_jax.report.startup import model_source, startup_lines, write_parameter_table
 from ragen_jax.report.summary import training_report
 from ragen_jax.report.transcripts import decode_episodes, first_episodes
-from ragen_jax.report.writer import MetricWriter
+from ragen_jax.report.writer import MetricWriter, dump_json, json_ready
 from ragen_jax.rl import early_stop
 from ragen_jax.rl import update as update_lib
 from ragen_jax.rl.presets import AlgorithmConfig
@@ -64,9 +63,10 @@ class TrainConfig:
   checkpoint_every: int = 20
   max_to_keep: int = 3
   resume: bool = False
+  max_rejected_updates: int = 8  # halt after this many optimizer steps in a row rejected as non-finite
 
   def __post_init__(self):
-    for name in ("iterations", "env_groups", "group_size", "val_episodes", "max_to_keep"):
+    for name in ("iterations", "env_groups", "group_size", "val_episodes", "max_to_keep", "max_rejected_updates"):
       check(f"train.{name}", getattr(self, name) >= 1, "must be >= 1", getattr(self, name))
     for name in ("val_every", "checkpoint_every", "val_transcripts"):
       check(f"train.{name}", getattr(self, name) >= 0, "must be >= 0 (0: never)", getattr(self, name))
@@ -137,6 +137,10 @@ def initial_state(exp: Experiment, update: update_lib.UpdateConfig, seed: int) -
   return mesh_lib.put_replicated_if_elsewhere(state, exp.mesh)
 
 
+class TrainingHalted(UserError):
+  """Too many optimizer steps in a row were rejected as non-finite; the weights are those of the last good one."""
+
+
 class Trainer:
   """Holds the experiment, the train state and the host-side loop state; `run()` returns the final metrics."""
 
@@ -152,6 +156,7 @@ class Trainer:
     self.stop_state = early_stop.EarlyStopState()
     self.alarm_state = AlarmState()
     self.best_val_success = -1.0
+    self.rejected_streak = 0  # optimizer steps in a row rejected as non-finite (`update.learn`)
     self.last_validation: Trajectories | None = None
 
   @classmethod
@@ -213,6 +218,9 @@ class Trainer:
                                                                            scores))
       self.state, metrics = finish("update", update_lib.learn(model_config, update, self.state, traj, scores))
       metrics = without_skipped(mesh_lib.fetch(diag_metrics | metrics), self.settings.diagnostics)
+    tail = int(metrics.pop("rejected_tail"))
+    self.rejected_streak = tail if metrics["num_updates"] > 0 else self.rejected_streak + tail
+    metrics["rejected_streak"] = self.rejected_streak
     out = rollout_metrics(traj, "train") | {
         (k if k.startswith(DIAGNOSTIC_PREFIXES) else f"update/{k}"): float(v) for k, v in metrics.items()}
     out |= times | {"time/iteration_s": sum(times.values())}
@@ -221,9 +229,11 @@ class Trainer:
   # ---- persistence ----------------------------------------------------------
   def host_state(self) -> dict:
     return {"iteration": self.iteration, "early_stop": self.stop_state.to_dict(),
-            "alarm": self.alarm_state.to_dict(), "best_val_success": self.best_val_success}
+            "alarm": self.alarm_state.to_dict(), "best_val_success": self.best_val_success,
+            "rejected_streak": self.rejected_streak}
 
   def try_resume(self) -> bool:
+    """Restores the newest checkpoint that restores (`Checkpointer.restore_latest`); False when there is none."""
     restored = self.checkpointer.restore_latest(abstract_like(self.state))
     if restored is None:
       return False
@@ -232,14 +242,25 @@ class Trainer:
     self.stop_state = early_stop.EarlyStopState.from_dict(host["early_stop"])
     self.alarm_state = AlarmState.from_dict(host["alarm"])
     self.best_val_success = host["best_val_success"]
+    self.rejected_streak = host.get("rejected_streak", 0)
     return True
 
   # ---- loop -----------------------------------------------------------------
   def run(self, iterations: int | None = None) -> dict[str, float]:
+    """Trains up to `iterations` (default `train.iterations`); returns the last iteration's metrics.
+
+    Raises ConfigError before any work when a fresh run (nothing resumed) finds checkpoints in its workdir, and
+    TrainingHalted after `train.max_rejected_updates` rejected steps in a row (that iteration's metrics written).
+    """
     cfg, train = self.exp.config, self.settings.train
     total = train.iterations if iterations is None else iterations
+    if self.iteration == 0 and self.checkpointer.steps():
+      raise ConfigError(f"{self.checkpointer.directory} already holds checkpoints of iterations "
+                        f"{self.checkpointer.steps()}: set train.resume=True to continue that run, or choose "
+                        f"another workdir")
     writer = MetricWriter(self.workdir, cfg.logging.tensorboard,
-                          cfg.logging.wandb_project if cfg.logging.wandb else None, cfg.to_dict(), self.is_main)
+                          cfg.logging.wandb_project if cfg.logging.wandb else None, cfg.to_dict(), self.is_main,
+                          start_step=self.iteration)
     if self.iteration < total:
       logging.info("compiling: iteration %d first compiles the rollout, scoring and update programs (and the first "
                    "validation its rollout)", self.iteration + 1)
@@ -255,7 +276,14 @@ class Trainer:
           writer.write_transcripts(self.iteration, self.validation_transcripts())
         reason = self._watch(metrics)
         writer.write(self.iteration, metrics)
-        self.checkpointer.maybe_save(self.iteration, self.state, self.host_state(), force=bool(reason))
+        if self.rejected_streak >= train.max_rejected_updates:
+          raise TrainingHalted(
+              f"{self.rejected_streak} optimizer steps in a row had a non-finite loss or gradient norm and were not "
+              f"applied (train.max_rejected_updates={train.max_rejected_updates}); the weights are those of the last "
+              f"finite step, the newest checkpoint is of iteration {max(self.checkpointer.steps(), default=None)}; "
+              f"lower train.actor_lr or look at update/ metrics in {self.workdir}")
+        final = train.checkpoint_every > 0 and self.iteration == total  # the final state is always saved
+        self.checkpointer.maybe_save(self.iteration, self.state, self.host_state(), force=bool(reason) or final)
         progress.update(1)
         progress.set_postfix({label: f"{metrics[key]:.3g}" for label, key in PROGRESS_METRICS.items()
                               if key in metrics}, refresh=False)
@@ -335,8 +363,7 @@ def train(config) -> dict[str, float]:
   if trainer.is_main:
     export_dir = os.path.join(config.workdir, "final_model")
     dataclasses.replace(trainer.exp.model, params=policy).export(export_dir, trainer.exp.tokenizer)
-    with open(os.path.join(config.workdir, "final_metrics.json"), "w") as f:
-      json.dump(metrics, f, indent=2)
+    dump_json(json_ready(metrics), os.path.join(config.workdir, "final_metrics.json"))
     logging.info("report: %s", write_training_report(trainer, metrics))
   trainer.checkpointer.close()
   return metrics

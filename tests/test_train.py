@@ -1,4 +1,5 @@
-"""The training loop: iterations with finite losses, exact resume, sharded update = 1 device."""
+"""The training loop: iterations with finite losses, exact resume, checkpoints that never go backwards, the
+non-finite update guard, sharded update = 1 device."""
 
 import json
 import logging
@@ -12,10 +13,12 @@ from PIL import Image
 from safetensors.numpy import load_file
 from tensorboardX.proto import event_pb2
 
-from ragen_jax.config import load_config_file
+from ragen_jax.checkpoint import Checkpointer, RestoreError, abstract_like
+from ragen_jax.config import ConfigError, load_config_file
+from ragen_jax.finite import first_nonfinite
 from ragen_jax.report.writer import read_metrics
 from ragen_jax.rl import update as update_lib
-from ragen_jax.trainer import Trainer, train
+from ragen_jax.trainer import Trainer, TrainingHalted, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -102,8 +105,23 @@ def test_resume_reproduces_the_uninterrupted_run(replying_model_dir, tmp_path):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
-def test_broken_latest_checkpoint_falls_back_to_the_previous(replying_model_dir, tmp_path):
-  config = _config(replying_model_dir, tmp_path)
+def _corrupt(step_dir):
+  for root, _, files in os.walk(step_dir):
+    for name in files:
+      with open(os.path.join(root, name), "wb") as f:
+        f.write(b"garbage")
+
+
+def _metric_steps(workdir) -> list[int]:
+  """The step of every row of metrics.jsonl, read as strict JSON (NaN or Infinity fail)."""
+  def refuse(constant):
+    raise AssertionError(f"metrics.jsonl holds {constant}: not JSON")
+  lines = (workdir / "metrics.jsonl").read_text().splitlines()
+  return [json.loads(line, parse_constant=refuse)["step"] for line in lines if line.strip()]
+
+
+def test_broken_checkpoints_are_set_aside_and_every_later_save_happens(replying_model_dir, tmp_path):
+  config = _config(replying_model_dir, tmp_path)  # a checkpoint every iteration, validation every other one
   trainer = Trainer.create(config)
   assert trainer.last_validation is None
   final = trainer.run(2)
@@ -123,12 +141,68 @@ def test_broken_latest_checkpoint_falls_back_to_the_previous(replying_model_dir,
   assert any(t["actions"] == ["Up", "Left"] for r in transcripts for t in r["turns"])  # the model's usual REPLY
   np.testing.assert_array_equal(np.asarray(trainer.validation_rollout().tokens),  # fixed seeds and key
                                 np.asarray(trainer.last_validation.tokens))
-  for root, _, files in os.walk(tmp_path / "checkpoints" / "2"):
-    for name in files:
-      with open(os.path.join(root, name), "wb") as f:
-        f.write(b"garbage")
+  checkpoints = tmp_path / "checkpoints"
+  # resume to the same iteration: 1 restores, the broken 2 is moved aside, and 2 is saved anew
+  _corrupt(checkpoints / "2")
   resumed = Trainer.create(config)
   assert resumed.try_resume() and resumed.iteration == 1
+  assert [p.name.split(".")[0] for p in checkpoints.glob("*.broken-*")] == ["2"]
+  resumed.run(2)
+  resumed.checkpointer.close()
+  assert resumed.checkpointer.steps() == [1, 2]
+  # the new 2 breaks too; resume to a later iteration: 2 and 3 are both saved, and 3 restores
+  _corrupt(checkpoints / "2")
+  later = Trainer.create(config)
+  assert later.try_resume() and later.iteration == 1
+  later.run(3)
+  later.checkpointer.close()
+  assert later.checkpointer.steps() == [1, 2, 3] and len(list(checkpoints.glob("2.broken-*"))) == 2
+  again = Trainer.create(config)
+  assert again.try_resume() and again.iteration == 3
+  assert _metric_steps(tmp_path) == [1, 2, 3]  # iteration 2 ran three times and is logged once
+  # none restores: an error, not a fresh start, and nothing is moved
+  for step in (1, 2, 3):
+    _corrupt(checkpoints / str(step))
+  with pytest.raises(RestoreError, match="none of the 3 checkpoints"):
+    Trainer.create(config).try_resume()
+  assert sorted(p.name for p in checkpoints.iterdir() if ".broken-" not in p.name) == ["1", "2", "3"]
+  # a fresh run in a workdir that holds checkpoints would skip every save up to them: it does not start
+  with pytest.raises(ConfigError, match="train.resume=True"):
+    Trainer.create(config).run(1)
+
+
+class NaNScores:
+  """A rollout source whose episode scores are NaN from the trainer's second iteration on (a broken reward)."""
+
+  def __init__(self, trainer):
+    self.trainer, self.source, self.seq_len = trainer, trainer.exp.source, trainer.exp.source.seq_len
+
+  def run(self, params, seeds_B, group_ids_B, key, split="train"):
+    traj = self.source.run(params, seeds_B, group_ids_B, key, split)
+    return traj.replace(score=traj.score * np.nan) if self.trainer.iteration >= 1 else traj
+
+
+def test_non_finite_updates_are_rejected_never_saved_and_halt_the_run(replying_model_dir, tmp_path):
+  config = _config(replying_model_dir, tmp_path, **{"algorithm.preset": "grpo", "filter.enabled": False,
+                                                    "train.iterations": 6, "train.max_rejected_updates": 3,
+                                                    "train.val_every": 0})
+  trainer = Trainer.create(config)
+  trainer.exp.source = NaNScores(trainer)
+  with pytest.raises(TrainingHalted, match="4 optimizer steps in a row had a non-finite loss"):
+    trainer.run()  # two optimizer steps an iteration: iteration 3 makes the streak 4
+  trainer.checkpointer.close()
+  rows = read_metrics(str(tmp_path))
+  assert _metric_steps(tmp_path) == [1, 2, 3]  # strict JSON
+  assert [r["update/rejected_updates"] for r in rows] == [0, 2, 2]
+  assert [r["update/num_updates"] for r in rows] == [2, 0, 0]
+  assert [r["update/rejected_streak"] for r in rows] == [0, 2, 4]
+  assert [r["update/pg_loss"] is None for r in rows] == [False, True, True]  # logged as null, not dropped
+  # iteration 3 halted before its save; checkpoint 2 is finite and holds the weights the halted run ended with
+  assert trainer.checkpointer.steps() == [1, 2]
+  step, restored, _ = Checkpointer(str(tmp_path / "checkpoints"), 1, 3).restore_latest(abstract_like(trainer.state))
+  assert step == 2 and first_nonfinite(restored) is None
+  for x, y in zip(jax.tree.leaves(restored.policy), jax.tree.leaves(trainer.state.policy)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 # The collapse diagnostics run sharded in one of the two (their numbers: tests/diagnostics/test_cross_scoring.py).

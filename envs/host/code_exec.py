@@ -18,6 +18,11 @@ floods, refused operations) passes no tests.
 
 Batches: `score_batch(envs, responses)` (envs.host.base) steps many code
 episodes at once; their sandboxes share the bounded `SandboxPool`.
+
+Isolation: the sandbox's (envs.host.sandbox). Building the env checks it, so
+where namespaces are unavailable `CodeEnv()` raises `SandboxUnavailable` (a
+ValueError: a training run stops at start with a one-line error) unless
+`isolation="basic"` opts in to weaker containment.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import re
 
 from envs.host.base import TextStep, check_split, extract_answer, format_failure, split_index
 from envs.host.records import field, file_digest, in_validation, read_records
-from envs.host.sandbox import SandboxLimits, SandboxPool, Test, compile_test, default_pool
+from envs.host.sandbox import SandboxLimits, SandboxPool, Test, compile_test, default_pool, resolve_isolation
 
 BUNDLED_PROBLEMS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "code_problems.jsonl")
 INSTRUCTION = (
@@ -105,7 +110,8 @@ class CodeEnv:
     pool: SandboxPool | None = None,
     **limits,
   ):
-    """`limits`: `SandboxLimits` fields (wall_seconds, cpu_seconds, memory_mb, isolation, ...)."""
+    """`limits`: `SandboxLimits` fields (wall_seconds, cpu_seconds, memory_mb, isolation, ...). Raises
+    SandboxUnavailable when that isolation cannot work here."""
     if max_turns < 1:
       raise ValueError(f"max_turns must be >= 1, got {max_turns}")
     self._problems = load_code_problems(path, validation_fraction)
@@ -114,6 +120,7 @@ class CodeEnv:
     if unknown:
       raise ValueError(f"unknown code env option(s) {unknown}; sandbox limits: {known}")
     self._limits = SandboxLimits(**limits)
+    resolve_isolation(self._limits)  # here, not in the middle of a rollout
     self._pool = pool or default_pool()
     self.max_turns = max_turns
     self._problem: CodeProblem | None = None

@@ -1,39 +1,68 @@
 """Running untrusted candidate programs: one sandboxed process per candidate.
 
 `run_program(code, tests, limits)` starts `python -I -S -B` (isolated, no
-site-packages, no bytecode writes) on `sandbox_harness.py` and returns a
+site-packages, no bytecode writes) on `sandbox_seccomp.py`, which installs a
+seccomp filter and execs the same on `sandbox_harness.py`, and returns a
 `SandboxResult`; `SandboxPool` bounds how many run at once. Whatever the
 candidate does, the caller gets a result: hangs, crashes, floods and refused
 operations all come back as a status with no tests passed.
 
-Layers of containment, outermost first:
+Isolation modes (`SandboxLimits.isolation`); the code never runs unconfined:
 
-* Namespaces (`isolation="namespaces"`, used when available: root and the
-  util-linux `unshare`, `mount` and coreutils `chroot` work): a fresh network
-  namespace (no interfaces but a downed loopback), PID, IPC, UTS and mount
-  namespaces, and a chroot into a tmpfs that holds only read-only, nosuid
-  binds of the interpreter and system library directories, `/dev/{null,zero,
-  urandom}` and a size-capped tmpfs `/work` (the cwd). Host files outside
-  those directories do not exist for the candidate; killing the namespace's
-  first process kills every process in it.
-* A fresh uid (random, above 2^20, not in /etc/passwd) when the parent is
-  root, so RLIMIT_NPROC counts only this candidate's processes and file
-  permissions apply. (In basic mode only if the stdlib is readable by other
-  users; otherwise the candidate keeps the parent's uid and has no
-  RLIMIT_NPROC.)
+* "auto" (the default): "namespaces" when a probe candidate runs in them here
+  (probed once per process), and otherwise `SandboxUnavailable` at once,
+  before any candidate runs (the code env raises it when it is built, so a
+  training run stops at start). Untrusted code never silently gets less.
+* "namespaces": needs root, util-linux `unshare` and `mount`, coreutils
+  `chroot`, and permission to create namespaces (CAP_SYS_ADMIN in a
+  container). A fresh network namespace (a downed loopback only), PID, IPC,
+  UTS and mount namespaces, and a chroot into a tmpfs holding only read-only,
+  nosuid, nodev binds of the interpreter and system library directories,
+  `/dev/{null,zero,urandom}` and a size-capped tmpfs `/work` (the cwd), run as
+  a fresh uid. Guarantees, with or without the audit hook: no network, no host
+  file outside those directories exists for the candidate (so no host file
+  can be read, written or replaced), the trainer and every other host process
+  are invisible (no /proc; another PID namespace) and cannot be signalled,
+  RLIMIT_NPROC counts only the candidate's processes, and killing the
+  namespace's first process kills every process in it.
+* "basic" (explicit opt-in only, where namespaces are unavailable): the
+  candidate runs in the host's file system, network and PID space, confined
+  by the layers below. When the parent is root it runs as a fresh uid (so it
+  cannot signal, trace or change the trainer, create device nodes, or write
+  files other users cannot write; RLIMIT_NPROC applies). When the parent is
+  not root no uid can be dropped: the candidate has the trainer's uid, so file
+  permissions do not separate them, and RLIMIT_NPROC is not set (it would
+  count the trainer's own processes); new processes are refused by the
+  seccomp filter and the hook instead. Either way, what the candidate may
+  read and write on the host (only the work directory, the stdlib and three
+  /dev files) is enforced by the audit hook, which C-level code could get
+  round (a fresh uid backs it up only for files other users cannot read or
+  write); the network and other processes stay closed by the kernel (the
+  seccomp filter). Basic mode needs the audit hook (`audit_hook=False` is
+  refused).
+
+Layers, outermost first (every mode has all but the namespaces):
+
+* The namespaces above.
+* A fresh uid (random, above 2^20, not in /etc/passwd) with no supplementary
+  groups, when the parent is root.
+* A seccomp filter (`sandbox_seccomp.py`, kernel-enforced, with
+  no_new_privs): no signals, pidfds, tracing or limit/priority changes aimed
+  at any other process, no mknod/mkfifo, no new processes (threads only), no
+  sockets, no io_uring. These are exactly the holes the audit hook cannot see.
 * Resource limits, soft = hard: RLIMIT_CPU (SIGKILL one second past it),
-  RLIMIT_AS, RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_NPROC, no core files.
+  RLIMIT_AS, RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_NPROC (fresh uid only), no
+  core files.
 * An audit hook (`sandbox_harness.make_audit_hook`) that refuses sockets,
   process creation, signals, ctypes, frame introspection and file access
   outside the work directory. Audit hooks are not a security boundary by
-  themselves (C extensions can go around them); in `isolation="basic"`
-  (no namespaces) the hook, the uid and the rlimits are all there is, so
-  network and host-file reads are refused only by the hook.
+  themselves (C extensions can go around them); no ctypes is loaded in the
+  candidate's process, and the kernel layers above do not depend on the hook.
 * The parent: a wall-clock deadline, stdout read through a cap, and SIGKILL
   to the process group (and so the PID namespace) when the run ends, however
   it ends; then it kills any live process left in the sandbox's session or
   with its uid (a process that left the session, in basic mode) before
-  returning.
+  returning. The candidate's environment is empty (HOME and TMPDIR only).
 
 Expected answers never enter the sandbox: `value` and `stdio` tests send the
 candidate's value repr / stdout back and are compared here, so a candidate
@@ -55,7 +84,6 @@ import select
 import shlex
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -66,6 +94,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 HARNESS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_harness.py")
+SECCOMP_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_seccomp.py")
 NAMESPACE_WORKDIR = "/work"
 _UID_BASE, _UID_SPAN = 1 << 20, 1 << 30
 
@@ -79,16 +108,18 @@ class SandboxLimits:
   memory_mb: int = 512  # address space (RLIMIT_AS)
   file_size_mb: int = 8  # largest file it may write (RLIMIT_FSIZE)
   work_dir_mb: int = 16  # size of the tmpfs work directory (namespaces only)
-  max_processes: int = 16  # RLIMIT_NPROC of the sandbox uid (when the parent is root)
+  max_processes: int = 16  # RLIMIT_NPROC of the sandbox uid (namespaces; basic when the parent is root)
   max_open_files: int = 64
   max_output_bytes: int = 1 << 20  # bytes of stdout the parent reads before killing it
   max_test_output: int = 64 << 10  # captured stdout per stdio test, value repr, candidate prints
-  isolation: str = "auto"  # "auto" | "namespaces" | "basic"
-  audit_hook: bool = True  # off only to test the outer layers alone
+  isolation: str = "auto"  # "auto" (namespaces or SandboxUnavailable) | "namespaces" | "basic" (opt-in, weaker)
+  audit_hook: bool = True  # off only to test the namespaces alone
 
   def __post_init__(self):
     if self.isolation not in ("auto", "namespaces", "basic"):
       raise ValueError(f"isolation must be 'auto', 'namespaces' or 'basic', got {self.isolation!r}")
+    if self.isolation == "basic" and not self.audit_hook:
+      raise ValueError("isolation='basic' needs the audit hook: without namespaces it alone confines file access")
     numbers = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.type in ("int", "float")}
     bad = {name: value for name, value in numbers.items() if not value > 0}
     if bad:
@@ -220,18 +251,16 @@ def _python() -> str:
   return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
 
 
-@functools.cache
-def _stdlib_readable_by_others() -> bool:
-  """Whether a fresh uid could import the stdlib in place (basic mode drops to one only then)."""
-  path = os.path.dirname(os.path.realpath(os.__file__))
-  if not os.stat(path).st_mode & stat.S_IROTH:
-    return False
-  while True:
-    if not os.stat(path).st_mode & stat.S_IXOTH:
-      return False
-    if path == os.path.dirname(path):
-      return True
-    path = os.path.dirname(path)
+class SandboxUnavailable(RuntimeError, ValueError):
+  """The requested isolation cannot work on this machine, so no untrusted code runs. Also a ValueError: as a
+  setting (`isolation`) it is a value that cannot work here, and config builders report it as one."""
+
+
+def _sandbox_uid(isolation: str) -> int | None:
+  """A fresh uid for the candidate, or None (basic mode under a non-root parent: the parent's own)."""
+  if isolation == "namespaces" or os.geteuid() == 0:
+    return _UID_BASE + secrets.randbelow(_UID_SPAN)
+  return None
 
 
 @functools.cache
@@ -282,12 +311,40 @@ def _namespace_tools() -> tuple[str, str] | None:
 
 
 @functools.cache
+def _startup_failure(isolation: str) -> str | None:
+  """Why a probe candidate does not run under `isolation` here (None: it runs). Cached per process."""
+  if isolation == "namespaces" and _namespace_tools() is None:
+    return "not root, or unshare, mount or chroot not on PATH" if os.geteuid() == 0 else "not root"
+  tests = [ValueTest("x", 42, "assert x == 42")]
+  probe, output = _run("x = 6 * 7", tests, SandboxLimits(isolation=isolation, wall_seconds=30.0), isolation)
+  if probe.status == "ok" and probe.passed == (True,):
+    return None
+  said = " ".join(output.decode("utf-8", "replace").split())[:300]
+  return f"{probe.feedback}{': ' + said if said else ''}"
+
+
 def available_isolation() -> str:
-  """ "namespaces" when a probe candidate runs in namespaces here, else "basic"."""
-  if _namespace_tools() is None:
+  """ "namespaces" when a probe candidate runs in namespaces here (probed once), else "basic" (which "auto"
+  refuses)."""
+  return "basic" if _startup_failure("namespaces") else "namespaces"
+
+
+def resolve_isolation(limits: SandboxLimits) -> str:
+  """The isolation `limits` runs under here ("namespaces" or "basic"); raises SandboxUnavailable (one line)
+  when it cannot work, "auto" included when namespaces cannot. Cheap after the first call."""
+  if limits.isolation == "basic":
+    reason = _startup_failure("basic")
+    if reason:
+      raise SandboxUnavailable(f"sandbox: isolation='basic' does not start here ({reason})")
     return "basic"
-  probe = run_program("x = 6 * 7", [ValueTest("x", 42, "assert x == 42")], SandboxLimits(isolation="namespaces"))
-  return "namespaces" if probe.status == "ok" and probe.passed == (True,) else "basic"
+  if available_isolation() == "namespaces":
+    return "namespaces"
+  raise SandboxUnavailable(
+    f"sandbox: namespace isolation is unavailable here ({_startup_failure('namespaces')}), so untrusted code is "
+    "not run: it needs root, util-linux unshare and mount, coreutils chroot and permission to create namespaces "
+    "(CAP_SYS_ADMIN in a container); or opt in to weaker containment with isolation='basic' (the code env: "
+    "env.params.isolation='basic'; see envs/host/sandbox.py for what each mode guarantees)"
+  )
 
 
 # --------------------------------------------------------------------------- running
@@ -357,7 +414,8 @@ def _reap(session: int, uid: int | None, timeout: float = 2.0) -> None:
 
 def _command(isolation: str, uid: int | None, scratch: str, limits: SandboxLimits) -> tuple[list[str], dict, str]:
   """(argv, environment, candidate's work directory) for one sandbox."""
-  harness = [_python(), "-I", "-S", "-B", "-c", _harness_source()]
+  python = [_python(), "-I", "-S", "-B", "-c"]
+  harness = [*python, _source(SECCOMP_PATH), *python, _source(HARNESS_PATH)]
   if isolation == "basic":
     if uid is not None:
       os.chown(scratch, uid, uid)
@@ -396,12 +454,14 @@ def _feed(pipe, payload: bytes) -> None:
 
 
 def run_program(code: str, tests: Sequence[Test], limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
-  """Run `code` against `tests` in a fresh sandbox; never raises for anything the code does."""
-  isolation = available_isolation() if limits.isolation == "auto" else limits.isolation
-  if isolation == "namespaces" and _namespace_tools() is None:
-    raise RuntimeError("namespace isolation needs root and the unshare, mount and chroot commands")
-  drop_uid = isolation == "namespaces" or (os.geteuid() == 0 and _stdlib_readable_by_others())
-  uid = _UID_BASE + secrets.randbelow(_UID_SPAN) if drop_uid else None
+  """Run `code` against `tests` in a fresh sandbox; never raises for anything the code does. Raises
+  SandboxUnavailable when `limits.isolation` cannot work here (before running anything)."""
+  return _run(code, tests, limits, resolve_isolation(limits))[0]
+
+
+def _run(code: str, tests: Sequence[Test], limits: SandboxLimits, isolation: str) -> tuple[SandboxResult, bytes]:
+  """(result, what the sandbox wrote to stdout and stderr) of one run under `isolation` (not checked)."""
+  uid = _sandbox_uid(isolation)
   rlimits = {
     "RLIMIT_CPU": limits.cpu_seconds,
     "RLIMIT_AS": limits.memory_mb << 20,
@@ -452,10 +512,10 @@ def run_program(code: str, tests: Sequence[Test], limits: SandboxLimits = Sandbo
     feedback = {"timeout": "time limit exceeded", "output_limit": "output limit exceeded"}.get(
       status, f"the program did not finish normally (exit status {returncode})"
     )
-    return SandboxResult(status, (False,) * len(tests), feedback, elapsed, returncode, isolation, uid)
+    return SandboxResult(status, (False,) * len(tests), feedback, elapsed, returncode, isolation, uid), data
   judged = [_judge(t, o) for t, o in zip(tests, outcomes)]
   feedback = next((line for ok, line in judged if not ok and line), "")
-  return SandboxResult("ok", tuple(ok for ok, _ in judged), feedback, elapsed, returncode, isolation, uid)
+  return SandboxResult("ok", tuple(ok for ok, _ in judged), feedback, elapsed, returncode, isolation, uid), data
 
 
 def _parse_report(data: bytes, nonce: bytes, num_tests: int) -> list[dict] | None:
@@ -474,8 +534,8 @@ def _parse_report(data: bytes, nonce: bytes, num_tests: int) -> list[dict] | Non
 
 
 @functools.cache
-def _harness_source() -> str:
-  with open(HARNESS_PATH, encoding="utf-8") as f:
+def _source(path: str) -> str:
+  with open(path, encoding="utf-8") as f:
     return f.read()
 
 

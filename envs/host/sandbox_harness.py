@@ -1,12 +1,15 @@
 """The program that runs inside the sandbox (see `envs.host.sandbox`).
 
-The parent starts `python -I -S -B -c <this file's source>` and writes one job
-(JSON) to its stdin. Standard library only, and nothing from `envs`: inside the
-namespace sandbox only the interpreter and its standard library are visible.
+The parent starts `python -I -S -B -c <this file's source>` (exec'd by
+`sandbox_seccomp.py` under its seccomp filter) and writes one job (JSON) to its
+stdin. Standard library only, and nothing from `envs`: inside the namespace
+sandbox only the interpreter and its standard library are visible.
 
-Steps: read the job, lower the resource limits, drop to the sandbox uid (basic
-mode, when started as root), enter the work directory, install the audit hook,
-run the candidate against each test, and write one result line
+Steps: read the job, lower the resource limits, enter the work directory, drop
+to the sandbox uid (basic mode, when started as root: the standard library is
+then reached through file descriptors opened before the drop, so a stdlib under
+a directory other users cannot enter, such as /root, still imports), install
+the audit hook, run the candidate against each test, and write one result line
 `<nonce><ascii() of a list of dicts>` to fd 1 (a Python literal; `json` is
 not used after the candidate has run because its encoder is Python code that
 looks up patchable builtins). Every name the harness needs after the
@@ -160,7 +163,8 @@ def make_audit_hook(workdir, read_roots):
       return False
 
   write_roots = (lexical(realpath(workdir)),)
-  read_only = tuple(lexical(realpath(r)) for r in read_roots)
+  # A root as given and as resolved: /proc/self/fd/N (a path is checked both ways) and what it points to.
+  read_only = tuple({lexical(r) for r in read_roots} | {lexical(realpath(r)) for r in read_roots})
 
   def is_directory(path):
     try:
@@ -212,15 +216,40 @@ def make_audit_hook(workdir, read_roots):
   return hook
 
 
+def reach_stdlib_through_fds():
+  """Point sys.path (and the packages already imported) at /proc/self/fd/N for directories opened now,
+  so that the stdlib still imports after the uid drop however its parent directories are protected."""
+  moved = {}
+  for path in sys.path:
+    if path and os.path.exists(path):
+      moved[path] = f"/proc/self/fd/{os.open(path, os.O_PATH)}"
+
+  def move(path):
+    for old, new in moved.items():
+      if path == old or path.startswith(old + "/"):
+        return new + path[len(old) :]
+    return path
+
+  sys.path[:] = [move(p) for p in sys.path]
+  for module in list(sys.modules.values()):
+    paths = getattr(module, "__path__", None)
+    if isinstance(paths, list):
+      paths[:] = [move(p) for p in paths]
+  sys.path_importer_cache.clear()
+
+
 def confine(job):
-  """Limits, uid, work directory, environment, streams and audit hook (before the candidate runs)."""
+  """Limits, work directory, uid, environment, streams and audit hook (before the candidate runs)."""
   for name, value in job["limits"].items():  # soft == hard: the candidate cannot raise them again
     resource.setrlimit(getattr(resource, name), (value, value + (1 if name == "RLIMIT_CPU" else 0)))
+  os.chdir(job["workdir"])
   if job["uid"] is not None:
+    reach_stdlib_through_fds()
     os.setgroups([])
     os.setgid(job["uid"])
     os.setuid(job["uid"])
-  os.chdir(job["workdir"])
+    if os.getuid() != job["uid"] or os.geteuid() != job["uid"] or os.getgid() != job["uid"]:
+      raise OSError("the uid drop did not take")
   os.environ.clear()
   os.environ.update({"TMPDIR": job["workdir"], "HOME": job["workdir"]})
   builtins.exit = builtins.quit = sys.exit  # `site` (skipped by -S) normally adds these
@@ -234,7 +263,11 @@ def confine(job):
 
 def main():
   job = json.loads(sys.stdin.buffer.read())
-  sink = confine(job)
+  try:
+    sink = confine(job)
+  except OSError as error:  # fail closed: no candidate runs half-confined
+    os.write(1, f"sandbox setup failed: {error}\n".encode())
+    os._exit(2)
   # Everything used after the candidate has run is bound here, so patching
   # builtins or this module's globals cannot change how results are made.
   run, evaluate, as_text, as_ascii, length, kind_of = exec, eval, repr, ascii, len, type

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import os
+import shutil
 import time
 
 import jax
@@ -155,6 +156,9 @@ def reinforce(config, env_name, sft_dir, workdir):
   rl_config.env.name = env_name
   rl_config.model.path = sft_dir
   rl_config.workdir = workdir
+  if os.path.isdir(workdir):  # the demo's own run directory: a fresh RL run replaces the previous demo's
+    log(f"{env_name}: replacing the previous demo run in {workdir}")
+    shutil.rmtree(workdir)
   trainer = Trainer.create(rl_config)
   before = trainer.validation_rollout()
   start = rollout_metrics(before, "val") | reading_metrics(env_name, before, trainer.exp.tokenizer)

@@ -146,10 +146,13 @@ def update_zscore_ema(state: ZscoreEMA, mi_estimate: jax.Array, marginal_std: ja
   """Folds this step's std(marginal) into the EMA; returns (state, mi_zscore_ema).
 
   The EMA starts at the first value; mi_zscore_ema = mi_estimate /
-  (EMA + 1e-3), i.e. mean((matched − marginal) / (EMA + 1e-3)).
+  (EMA + 1e-3), i.e. mean((matched − marginal) / (EMA + 1e-3)). A non-finite std(marginal) leaves the
+  state as it was (the train state never holds a NaN); its z-score is then non-finite too.
   """
   ema = jnp.where(state.steps > 0, decay * state.marginal_std + (1.0 - decay) * marginal_std, marginal_std)
-  new_state = ZscoreEMA(marginal_std=ema.astype(jnp.float32), steps=state.steps + 1)
+  finite = jnp.isfinite(marginal_std)
+  new_state = ZscoreEMA(marginal_std=jnp.where(finite, ema, state.marginal_std).astype(jnp.float32),
+                        steps=state.steps + finite.astype(state.steps.dtype))
   return new_state, mi_estimate / (ema + ZSCORE_STD_FLOOR)
 
 

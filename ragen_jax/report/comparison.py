@@ -42,7 +42,7 @@ def _mean(values) -> float | None:
 
 def run_summary(rows: list[dict], sft_val_success: float) -> dict:
   """Curves (validation starting at the SFT policy at step 0) and per-run means of one run's metric rows."""
-  curves = {key: [[r["step"], r[key]] for r in rows if key in r] for _, key in CURVES}
+  curves = {key: [[r["step"], r[key]] for r in rows if r.get(key) is not None] for _, key in CURVES}
   curves["val/success"].insert(0, [0, sft_val_success])
   return {"curves": curves,
           "mi_zscore": _mean(r.get("collapse/trajectory/mi_zscore") for r in rows),

@@ -13,8 +13,6 @@ answer it scores.
 
 from __future__ import annotations
 
-import json
-
 import jax
 import numpy as np
 
@@ -100,9 +98,3 @@ def transcript_text(record: dict, compact: bool = False, max_chars: int | None =
               f"{'format ok' if turn['format_ok'] else 'format penalty'})", _shown(turn["reply"], max_chars)]
   return "\n".join(lines)
 
-
-def write_jsonl(path: str, records, mode: str = "a") -> None:
-  """Writes each record as one JSON line, appending by default."""
-  with open(path, mode) as f:
-    for record in records:
-      f.write(json.dumps(record) + "\n")

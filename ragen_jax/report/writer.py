@@ -1,4 +1,8 @@
-"""Metric writers: JSON lines (for reports), TensorBoard event files, optional W&B."""
+"""Metric writers: JSON lines (for reports), TensorBoard event files, optional W&B.
+
+The JSON files are strict JSON: a NaN or ±inf metric is written as null (and to TensorBoard and W&B as the float
+it is), never dropped, so a diverging run shows where it diverged.
+"""
 
 from __future__ import annotations
 
@@ -7,28 +11,56 @@ import math
 import os
 from collections.abc import Mapping
 
-from ragen_jax.report.transcripts import transcript_text, write_jsonl
+from ragen_jax.report.transcripts import transcript_text
+
+METRICS_FILE = "metrics.jsonl"
+TRANSCRIPTS_FILE = "transcripts.jsonl"
+
+
+def json_ready(metrics: Mapping[str, float]) -> dict[str, float | None]:
+  """`metrics` as floats, with None (JSON null) in place of NaN and ±inf."""
+  values = {k: float(v) for k, v in metrics.items() if v is not None}
+  return {k: v if math.isfinite(v) else None for k, v in values.items()}
+
+
+def dump_json(data, path: str) -> None:
+  """Writes `data` to `path` as strict JSON (NaN or inf in it raise rather than write invalid JSON)."""
+  with open(path, "w") as f:
+    json.dump(data, f, indent=2, allow_nan=False)
+
+
+def write_jsonl(path: str, records, mode: str = "a") -> None:
+  """Writes each record as one line of strict JSON, appending by default."""
+  with open(path, mode) as f:
+    for record in records:
+      f.write(json.dumps(record, allow_nan=False) + "\n")
 
 
 class MetricWriter:
   """Writes scalar metrics per iteration to `workdir/metrics.jsonl`, TensorBoard and W&B, and transcripts of
   episodes to `workdir/transcripts.jsonl` and TensorBoard.
 
-  Only process 0 writes; other processes get a writer that does nothing.
+  `start_step`: the iteration the run starts after (0 fresh, k when resumed from iteration k). Rows of later
+  iterations, left by an interrupted run that is now redoing them, are dropped from the JSONL files and purged
+  from TensorBoard, so no iteration is logged twice. Only process 0 writes; other processes get a writer that does
+  nothing.
   """
 
   def __init__(self, workdir: str, tensorboard: bool = True, wandb_project: str | None = None, config=None,
-               enabled: bool = True):
+               enabled: bool = True, start_step: int = 0):
     self.enabled = enabled
     self._tb = self._wandb = self._jsonl = None
     if not enabled:
       return
     os.makedirs(workdir, exist_ok=True)
-    self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a")
-    self._transcripts_path = os.path.join(workdir, "transcripts.jsonl")
+    path = os.path.join(workdir, METRICS_FILE)
+    self._transcripts_path = os.path.join(workdir, TRANSCRIPTS_FILE)
+    for jsonl in (path, self._transcripts_path):
+      _drop_rows_after(jsonl, start_step)
+    self._jsonl = open(path, "a")
     if tensorboard:
       from tensorboardX import SummaryWriter
-      self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+      self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=start_step + 1)
     if wandb_project:
       try:
         import wandb
@@ -40,15 +72,15 @@ class MetricWriter:
   def write(self, step: int, metrics: Mapping[str, float]) -> None:
     if not self.enabled:
       return
-    clean = {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
-    self._jsonl.write(json.dumps({"step": step, **clean}) + "\n")
+    values = {k: float(v) for k, v in metrics.items() if v is not None}
+    self._jsonl.write(json.dumps({"step": step, **json_ready(values)}, allow_nan=False) + "\n")
     self._jsonl.flush()
     if self._tb is not None:
-      for name, value in clean.items():
+      for name, value in values.items():
         self._tb.add_scalar(name, value, step)
       self._tb.flush()
     if self._wandb is not None:
-      self._wandb.log(clean, step=step)
+      self._wandb.log(values, step=step)
 
   def write_transcripts(self, step: int, records: list[dict]) -> None:
     """Appends decoded episodes (`report.transcripts`) to `workdir/transcripts.jsonl` with the step, and writes
@@ -70,10 +102,25 @@ class MetricWriter:
       self._wandb.finish()
 
 
+def _drop_rows_after(path: str, step: int) -> None:
+  """Rewrites the JSONL file at `path` without its rows of iterations after `step` (atomically)."""
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    lines = [line for line in f if line.strip()]
+  kept = [line for line in lines if json.loads(line)["step"] <= step]
+  if len(kept) == len(lines):
+    return
+  with open(path + ".tmp", "w") as f:
+    f.writelines(kept)
+  os.replace(path + ".tmp", path)
+
+
 def read_metrics(workdir: str) -> list[dict]:
-  """The rows of `workdir/metrics.jsonl`; a later row for the same step replaces an earlier one."""
+  """The rows of `workdir/metrics.jsonl`; a later row for the same step replaces an earlier one. A non-finite
+  value reads as None."""
   rows: dict[int, dict] = {}
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+  with open(os.path.join(workdir, METRICS_FILE)) as f:
     for line in f:
       if line.strip():
         row = json.loads(line)

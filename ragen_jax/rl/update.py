@@ -5,7 +5,9 @@ arguments (both hashable by value, the optimizer included), so every trainer of 
 settings shares JAX's own compilations; the trainer calls and times each phase with the state donated.
 Everything runs on static shapes: SNR-Aware Filtering produces a group mask, kept episodes are ordered
 first, micro-batches with nothing kept are skipped with `lax.cond` (so filtering saves compute without
-recompiling), and so is the optimizer step of a mini-batch with nothing kept.
+recompiling), and so is the optimizer step of a mini-batch with nothing kept. An optimizer step whose loss or
+gradient norm is not finite is rejected inside the step (`_minibatch_step`): the weights and optimizer state stay
+as they were, and `learn` counts it (`rejected_updates`, and `rejected_tail` for the trainer's halting rule).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import optax
 from jax.sharding import PartitionSpec
 
 from ragen_jax.config import check
+from ragen_jax.finite import all_finite
 from ragen_jax.models.config import ModelConfig
 from ragen_jax.models.model import param_specs
 from ragen_jax.rl import advantages as adv_lib
@@ -225,26 +228,31 @@ def _micro_loss(model_config: ModelConfig, cfg: UpdateConfig, params, critic, mb
 
 
 def _minibatch_step(model_config: ModelConfig, cfg: UpdateConfig, state: TrainState, mini):
+  """One optimizer step on a mini-batch: (state, metrics).
+
+  A mini-batch with nothing kept leaves the weights and optimizer alone (`stepped` 0). So does a rejected step
+  (`rejected` 1): one whose loss or gradient norm is not finite, or whose update would make a weight or an
+  optimizer moment non-finite; the decision is made here, inside the jitted step, so a non-finite update is never
+  applied. Both count as no update (`applied` 0).
+  """
   micro, use_critic = cfg.micro_batch_size, cfg.algorithm.use_critic
   micro_loss = functools.partial(_micro_loss, model_config, cfg)
-  grad_fn = jax.grad(micro_loss, argnums=(0, 1), has_aux=True)
+  grad_fn = jax.value_and_grad(micro_loss, argnums=(0, 1), has_aux=True)
   split = jax.tree.map(lambda x: x.reshape(-1, micro, *x.shape[1:]), mini)
   weights = micro_batch_weights(split["mask"], cfg.algorithm.loss.agg, cfg.algorithm.loss_agg_scope)
   zero_grads = (jax.tree.map(jnp.zeros_like, state.policy), jax.tree.map(jnp.zeros_like, state.critic))
   _, zero_metrics = jax.eval_shape(lambda: micro_loss(state.policy, state.critic, jax.tree.map(lambda x: x[0], split),
                                                       *(w[0] for w in weights)))
   zero_metrics = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zero_metrics)
+  zero = ((jnp.zeros((), jnp.float32), zero_metrics), zero_grads)
 
   def accumulate(acc, xs):
-    grads, metrics = acc
     mb, weight, v_weight = xs
-    new_grads, new_metrics = jax.lax.cond(
-        jnp.any(mb["mask"]), lambda: grad_fn(state.policy, state.critic, mb, weight, v_weight),
-        lambda: (zero_grads, zero_metrics))
-    return (jax.tree.map(jnp.add, grads, new_grads), jax.tree.map(jnp.add, metrics, new_metrics)), None
+    new = jax.lax.cond(jnp.any(mb["mask"]), lambda: grad_fn(state.policy, state.critic, mb, weight, v_weight),
+                       lambda: zero)
+    return jax.tree.map(jnp.add, acc, new), None
 
-  (grads, metrics), _ = jax.lax.scan(accumulate, (zero_grads, zero_metrics), (split, *weights))
-  policy_grads, critic_grads = grads
+  ((loss, metrics), (policy_grads, critic_grads)), _ = jax.lax.scan(accumulate, zero, (split, *weights))
 
   def apply(state):
     updates, policy_opt = cfg.policy_optimizer.make().update(policy_grads, state.policy_opt, state.policy)
@@ -252,14 +260,27 @@ def _minibatch_step(model_config: ModelConfig, cfg: UpdateConfig, state: TrainSt
     if use_critic:
       c_updates, critic_opt = cfg.critic_optimizer.make().update(critic_grads, state.critic_opt, state.critic)
       new = new.replace(critic=optax.apply_updates(state.critic, c_updates), critic_opt=critic_opt)
-    return new
+    finite = all_finite((new.policy, new.policy_opt, new.critic, new.critic_opt))
+    return jax.tree.map(functools.partial(jnp.where, finite), new, state), finite
 
-  updated = jnp.any(mini["mask"])  # a mini-batch with nothing kept leaves the weights and optimizer alone
+  stepped = jnp.any(mini["mask"])  # a mini-batch with nothing kept is no step
   metrics["grad_norm"] = optax.global_norm(policy_grads)
-  metrics["updated"] = updated.astype(jnp.float32)
+  finite = jnp.isfinite(loss) & jnp.isfinite(metrics["grad_norm"])
   if use_critic:
     metrics["critic_grad_norm"] = optax.global_norm(critic_grads)
-  return jax.lax.cond(updated, apply, lambda s: s, state), metrics
+    finite &= jnp.isfinite(metrics["critic_grad_norm"])
+  state, applied = jax.lax.cond(stepped & finite, apply, lambda s: (s, jnp.array(False)), state)
+  metrics |= {"stepped": stepped.astype(jnp.float32), "applied": applied.astype(jnp.float32),
+              "rejected": (stepped & ~applied).astype(jnp.float32)}
+  return state, metrics
+
+
+def rejected_tail(applied_S: jax.Array, rejected_S: jax.Array) -> jax.Array:
+  """int32[]: the rejected steps after the last applied one, of S optimizer steps in order (all of them when none
+  was applied; steps with nothing kept count as neither)."""
+  step = jnp.arange(applied_S.shape[0])
+  last_applied = jnp.max(jnp.where(applied_S > 0, step, -1))
+  return jnp.sum((rejected_S > 0) & (step > last_applied)).astype(jnp.int32)
 
 
 @functools.partial(jax.jit, static_argnames=("model_config", "cfg"), donate_argnames=("state",))
@@ -295,9 +316,11 @@ def learn(model_config: ModelConfig, cfg: UpdateConfig, state: TrainState, batch
 
   # with nothing kept, every mini-batch step is skipped (no cond around the epochs: one trace of the model)
   state, epoch_metrics = jax.lax.scan(epoch, state, None, length=cfg.ppo_epochs)
-  updates = jnp.sum(epoch_metrics.pop("updated"))
-  metrics |= jax.tree.map(lambda x: jnp.sum(x) / jnp.maximum(updates, 1.0), epoch_metrics)
-  metrics["num_updates"] = updates
+  stepped, applied, rejected = (epoch_metrics.pop(k).reshape(-1) for k in ("stepped", "applied", "rejected"))
+  # the losses average over the steps taken, rejected ones included: a non-finite loss shows as such
+  metrics |= jax.tree.map(lambda x: jnp.sum(x) / jnp.maximum(jnp.sum(stepped), 1.0), epoch_metrics)
+  metrics |= {"num_updates": jnp.sum(applied), "rejected_updates": jnp.sum(rejected),
+              "rejected_tail": rejected_tail(applied, rejected)}
   metrics |= {"advantage_mean": masked_mean(adv, train_mask), "response_length": jnp.mean(
       jnp.sum(batch.loss_mask, axis=1).astype(jnp.float32))}
   return _in_layout(model_config, cfg, state.replace(step=state.step + 1)), metrics

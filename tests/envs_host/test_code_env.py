@@ -1,12 +1,26 @@
 """The code env: bundled problems, users' JSONL, multi-turn retries and batched scoring."""
 
 import json
+import os
 
 import pytest
 
 import envs.host
 from envs.host import score_batch
+from envs.host import sandbox
 from envs.host.code_exec import load_code_problems
+from ragen_jax.assembly import check_model_and_env
+from ragen_jax.config import ConfigError, load_config_file
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _code_env(**params):
+  """The code env with the default isolation, or the basic opt-in where namespaces are unavailable (where the
+  default refuses to build)."""
+  if sandbox.available_isolation() != "namespaces":
+    params.setdefault("isolation", "basic")
+  return envs.host.make_text_env("code", **params)
 
 
 def _answer(code: str) -> str:
@@ -19,7 +33,7 @@ def test_bundled_problems_reference_solutions_pass_in_one_batch():
   batch, responses = [], []
   for split, table in problems.items():
     for seed in range(len(table)):
-      env = envs.host.make_text_env("code")
+      env = _code_env()
       env.reset(seed, split)
       batch.append(env)
       responses.append(_answer(table[seed].solution))
@@ -30,7 +44,7 @@ def test_bundled_problems_reference_solutions_pass_in_one_batch():
 
 
 def test_partial_credit_is_the_fraction_of_tests_passed():
-  env = envs.host.make_text_env("code")
+  env = _code_env()
   problem = next(p for p in env.problems() if p.id == "fizzbuzz")
   env.reset(env.problems().index(problem))
   # Right for n <= 2 only: passes fizzbuzz(1) and fizzbuzz(0), fails the other two.
@@ -40,7 +54,7 @@ def test_partial_credit_is_the_fraction_of_tests_passed():
 
 
 def test_retries_with_feedback_earn_only_improvements():
-  env = envs.host.make_text_env("code", max_turns=3)
+  env = _code_env(max_turns=3)
   index = next(i for i, p in enumerate(env.problems()) if p.id == "gcd")
   assert "gcd(a, b)" in env.reset(index)
   missing = env.step("I think the answer is Euclid's algorithm.")
@@ -59,7 +73,7 @@ def test_retries_with_feedback_earn_only_improvements():
 
 
 def test_turn_limit_ends_the_episode():
-  env = envs.host.make_text_env("code", max_turns=2)
+  env = _code_env(max_turns=2)
   env.reset(0)
   assert not env.step(_answer("def digit_sum(n):\n    return 0\n")).done
   last = env.step(_answer("def digit_sum(n):\n    return 0\n"))
@@ -73,7 +87,7 @@ def test_user_jsonl_in_mbpp_and_stdio_layouts(tmp_path):
     {"problem": "Print the input twice.", "tests": [{"input": "ab\n", "output": "ab\nab\n"}], "split": "validation"},
   ] + [{"problem": f"Return {i} from f().", "tests": [f"assert f() == {i}"]} for i in range(30)]
   path.write_text("\n".join(json.dumps(r) for r in records))
-  env = envs.host.make_text_env("code", path=str(path), validation_fraction=0.2)
+  env = _code_env(path=str(path), validation_fraction=0.2)
   train, validation = env.problems("train"), env.problems("validation")
   assert len(train) + len(validation) == 32 and "Print the input twice." in [p.problem for p in validation]
   square = next(i for i, p in enumerate(train) if p.problem == "Write square(x).")
@@ -97,14 +111,14 @@ def test_bad_code_files_fail_early_naming_the_line(tmp_path, record, message):
   path = tmp_path / "bad.jsonl"
   path.write_text(json.dumps({"problem": "fine", "tests": ["assert 1"]}) + "\n" + json.dumps(record) + "\n")
   with pytest.raises(ValueError, match=message) as error:
-    envs.host.make_text_env("code", path=str(path))
+    _code_env(path=str(path))
   assert "bad.jsonl:2" in str(error.value)
 
 
 def test_score_batch_mixes_envs_and_keeps_order(tmp_path):
-  code_env = envs.host.make_text_env("code", wall_seconds=3.0, cpu_seconds=1)
+  code_env = _code_env(wall_seconds=3.0, cpu_seconds=1)
   code_env.reset(0)
-  hanging = envs.host.make_text_env("code", wall_seconds=3.0, cpu_seconds=1)
+  hanging = _code_env(wall_seconds=3.0, cpu_seconds=1)
   hanging.reset(1)
   countdown = envs.host.make_text_env("countdown", data_dir=str(tmp_path), train_size=8, validation_size=2)
   countdown.reset(0)
@@ -123,8 +137,21 @@ def test_score_batch_mixes_envs_and_keeps_order(tmp_path):
 
 def test_code_env_config_errors():
   with pytest.raises(ValueError, match="unknown code env option"):
-    envs.host.make_text_env("code", timeout=3)
+    _code_env(timeout=3)
   with pytest.raises(ValueError, match="max_turns"):
-    envs.host.make_text_env("code", max_turns=0)
+    _code_env(max_turns=0)
   with pytest.raises(FileNotFoundError):
-    envs.host.make_text_env("code", path="/nonexistent.jsonl")
+    _code_env(path="/nonexistent.jsonl")
+
+
+def test_code_env_refuses_to_build_where_it_cannot_isolate(monkeypatch):
+  monkeypatch.setattr(sandbox, "_startup_failure", lambda isolation: "not root" if isolation == "namespaces" else None)
+  with pytest.raises(sandbox.SandboxUnavailable, match="isolation='basic'"):
+    envs.host.make_text_env("code")
+  config = load_config_file(os.path.join(ROOT, "configs/tiny_test.py"))
+  config.env.name = "code"
+  with pytest.raises(ConfigError, match="namespace isolation is unavailable here \\(not root\\)") as error:
+    check_model_and_env(config)  # what training and evaluation call first, before loading anything
+  assert "\n" not in str(error.value)
+  config.env.params.isolation = "basic"  # the explicit opt-in
+  check_model_and_env(config)

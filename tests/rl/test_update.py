@@ -1,4 +1,5 @@
-"""The learn phase's loss aggregation across micro-batches and filter loss scaling, on hand cases."""
+"""The learn phase: loss aggregation across micro-batches and filter loss scaling on hand cases, and the guard
+that never applies a non-finite update."""
 
 import dataclasses
 
@@ -11,6 +12,7 @@ from ragen_jax.models import ModelConfig, init_params
 from ragen_jax.rl.losses import aggregate
 from ragen_jax.rl.presets import preset
 from ragen_jax.rl.snr_filter import FilterConfig
+from ragen_jax.rl import update as update_lib
 from ragen_jax.rl.update import UpdateConfig, init_train_state, learn, micro_batch_weights, score
 from tests.diagnostics.batch_fixtures import make_batch, random_episodes
 
@@ -96,3 +98,37 @@ def test_micro_batch_mean_counts_only_micro_batches_with_kept_episodes(setup):
   np.testing.assert_allclose(scaled["pg_loss"], -0.5 * np.sum((tokens_B * adv_B)[kept_B]) / kept_tokens, rtol=1e-4,
                              atol=1e-6)
   np.testing.assert_allclose(scaled["entropy"], entropy_B[kept_B].sum() / kept_tokens, rtol=1e-5)
+
+
+def test_rejected_tail_counts_rejections_after_the_last_applied_step():
+  cases = [([1, 0, 0, 0], [0, 1, 0, 1], 2),  # a step with nothing kept (neither) does not end the streak
+           ([0, 0, 0], [1, 1, 1], 3),  # none applied: every rejection
+           ([0, 1, 0], [1, 0, 0], 0),
+           ([0, 0], [0, 0], 0)]
+  for applied, rejected, want in cases:
+    assert int(update_lib.rejected_tail(jnp.asarray(applied, jnp.float32), jnp.asarray(rejected, jnp.float32))) == want
+
+
+@pytest.mark.parametrize("poison", ["score", "old_logp"])
+def test_a_non_finite_loss_is_never_applied(setup, poison):
+  params, batch, cfg, scores = setup[:4]
+  cfg = dataclasses.replace(cfg, mini_batch_size=GROUPS * GROUP_SIZE // 2)  # two optimizer steps
+  if poison == "score":  # a NaN reward in every group: NaN advantages everywhere
+    batch = batch.replace(score=jnp.asarray(batch.score).at[::GROUP_SIZE].set(jnp.nan))
+  else:  # one episode's old log-probs are NaN: only the step that holds it is poisoned
+    scores = scores | {"old_logp": jnp.asarray(scores["old_logp"]).at[3].set(jnp.nan)}
+  state = init_train_state(cfg, jax.tree.map(jnp.copy, params), jax.random.key(1))
+  before = jax.device_get((state.policy, state.policy_opt))
+  state, metrics = learn(CONFIG, cfg, state, batch, scores)
+  metrics = {k: float(v) for k, v in metrics.items()}
+  after = jax.device_get((state.policy, state.policy_opt))
+  want_rejected = 2 if poison == "score" else 1
+  assert metrics["rejected_updates"] == want_rejected and metrics["num_updates"] == 2 - want_rejected
+  assert not np.isfinite(metrics["pg_loss"])  # the iteration's loss shows what happened
+  assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(after))
+  if poison == "score":  # nothing applied: weights and optimizer state exactly as before
+    assert metrics["rejected_tail"] == 2
+    for x, y in zip(jax.tree.leaves(before), jax.tree.leaves(after)):
+      np.testing.assert_array_equal(x, y)
+  else:  # the finite step was applied
+    assert any(not np.array_equal(x, y) for x, y in zip(jax.tree.leaves(before[0]), jax.tree.leaves(after[0])))

@@ -1,0 +1,38 @@
+"""Checkpoints never go backwards: a non-finite state is never saved or restored, so rotation keeps the newest
+finite checkpoint, and a broken newest checkpoint is set aside so the next saves happen."""
+
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+
+from ragen_jax.checkpoint import Checkpointer, abstract_like
+
+STATE = {"w": jnp.arange(4.0), "count": jnp.zeros((), jnp.int32)}
+NAN_STATE = {"w": jnp.array([0.0, jnp.nan, 2.0, 3.0]), "count": jnp.zeros((), jnp.int32)}
+
+
+def test_non_finite_states_are_never_saved_and_rotation_keeps_the_newest_finite(tmp_path):
+  checkpointer = Checkpointer(str(tmp_path), every=1, max_to_keep=2)
+  assert checkpointer.maybe_save(1, STATE, {"iteration": 1}) and checkpointer.maybe_save(2, STATE, {"iteration": 2})
+  for iteration in (3, 4, 5):  # rotation would have dropped 1, 2 and 3 by now
+    assert not checkpointer.maybe_save(iteration, NAN_STATE, {"iteration": iteration}, force=True)
+  assert checkpointer.steps() == [1, 2]
+  checkpointer.close()
+
+
+def test_a_non_finite_checkpoint_on_disk_counts_as_broken_and_is_set_aside(tmp_path):
+  checkpointer = Checkpointer(str(tmp_path), every=1, max_to_keep=3)
+  checkpointer.maybe_save(1, STATE, {"iteration": 1})
+  checkpointer.close()
+  # a NaN state written by a plain Orbax manager (as an earlier version of the trainer could)
+  with ocp.CheckpointManager(str(tmp_path), options=ocp.CheckpointManagerOptions(create=True)) as manager:
+    manager.save(2, args=ocp.args.Composite(state=ocp.args.StandardSave(NAN_STATE),
+                                            host=ocp.args.JsonSave({"iteration": 2})))
+    manager.wait_until_finished()
+  checkpointer = Checkpointer(str(tmp_path), every=1, max_to_keep=3)
+  step, state, host = checkpointer.restore_latest(abstract_like(STATE))
+  assert (step, host) == (1, {"iteration": 1})
+  np.testing.assert_array_equal(state["w"], STATE["w"])
+  assert checkpointer.steps() == [1] and [p.name.split(".")[0] for p in tmp_path.glob("*.broken-*")] == ["2"]
+  assert checkpointer.maybe_save(2, STATE, {"iteration": 2}) and checkpointer.steps() == [1, 2]  # 2 saves again
+  checkpointer.close()
