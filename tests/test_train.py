@@ -16,6 +16,7 @@ from tensorboardX.proto import event_pb2
 from ragen_jax.checkpoint import Checkpointer, RestoreError, abstract_like
 from ragen_jax.config import ConfigError, load_config_file
 from ragen_jax.finite import first_nonfinite
+from ragen_jax.report.summary import training_report
 from ragen_jax.report.writer import read_metrics
 from ragen_jax.rl import update as update_lib
 from ragen_jax.trainer import Trainer, TrainingHalted, train
@@ -160,6 +161,8 @@ def test_broken_checkpoints_are_set_aside_and_every_later_save_happens(replying_
   again = Trainer.create(config)
   assert again.try_resume() and again.iteration == 3
   assert _metric_steps(tmp_path) == [1, 2, 3]  # iteration 2 ran three times and is logged once
+  transcripts = (tmp_path / "transcripts.jsonl").read_text().splitlines()
+  assert [json.loads(line)["step"] for line in transcripts] == [2] * 4 + [3] * 4  # and its transcripts once
   # none restores: an error, not a fresh start, and nothing is moved
   for step in (1, 2, 3):
     _corrupt(checkpoints / str(step))
@@ -197,6 +200,8 @@ def test_non_finite_updates_are_rejected_never_saved_and_halt_the_run(replying_m
   assert [r["update/num_updates"] for r in rows] == [2, 0, 0]
   assert [r["update/rejected_streak"] for r in rows] == [0, 2, 4]
   assert [r["update/pg_loss"] is None for r in rows] == [False, True, True]  # logged as null, not dropped
+  training_report(str(tmp_path), "a halted run", [])  # plots and table leave the nulls (scores of 2, 3) out
+  assert "| train/score | 1 |" in (tmp_path / "report.md").read_text() and (tmp_path / "report.png").is_file()
   # iteration 3 halted before its save; checkpoint 2 is finite and holds the weights the halted run ended with
   assert trainer.checkpointer.steps() == [1, 2]
   step, restored, _ = Checkpointer(str(tmp_path / "checkpoints"), 1, 3).restore_latest(abstract_like(trainer.state))

@@ -10,7 +10,8 @@ from clu import parameter_overview
 
 from ragen_jax.models import bundled_model_dir
 
-QUIET_LOGGERS = ("absl", "jax")  # Orbax logs each checkpoint step through absl; jax names the backends it skips
+QUIET_LOGGERS = ("absl", "orbax", "jax")  # Orbax logs each checkpoint step through absl (a few modules through
+# their own loggers); jax names the backends it skips
 
 
 def quiet_library_logs() -> None:
