@@ -3,24 +3,31 @@
   python -m ragen_jax.evaluate --config=configs/NAME.py --config.model.path=DIR_OR_RUN/final_model \\
       [--config.evaluate.envs=sokoban,frozenlake] [--config.evaluate.k=4]
 
-Writes `evaluation.json` and `evaluation.md` into the config's workdir.
+Prints what it loads and plays and one decoded episode per environment, then the table; writes
+`evaluation.json`, `evaluation.md` and `transcripts.jsonl` (the first `train.val_transcripts` episodes of
+each environment, decoded: `report.transcripts`) into the config's workdir.
 """
 
 from __future__ import annotations
 
-import json
 import os
+import time
 
 import jax
 import numpy as np
-from absl import logging
+from tqdm.auto import tqdm
 
 from ragen_jax import config as config_lib
 from ragen_jax import mesh as mesh_lib
 from ragen_jax.assembly import build_experiment, build_mesh, check_model_and_env
+from ragen_jax.report.startup import quiet_library_logs, startup_lines
+from ragen_jax.report.transcripts import decode_episodes, first_episodes, transcript_text
+from ragen_jax.report.writer import TRANSCRIPTS_FILE, dump_json, json_ready, write_jsonl
 from ragen_jax.rollout.episodes import RolloutConfig
 from ragen_jax.trainer import TrainConfig
-from ragen_jax.trajectories import rollout_metrics
+from ragen_jax.trajectories import Trajectories, rollout_metrics
+
+EPISODE_PRINT_CHARS = 600  # each prompt and reply of the printed episode is shortened to about this
 
 
 def pass_at_k(successes_NK: np.ndarray, k: int) -> float:
@@ -42,19 +49,17 @@ def read_settings(config) -> tuple[list[str], RolloutConfig, TrainConfig]:
   return env_names, RolloutConfig(**config.rollout.to_dict()), TrainConfig(**config.train.to_dict())
 
 
-def evaluate_env(config, mesh, env_name: str, rollout: RolloutConfig, val: TrainConfig) -> dict[str, float]:
-  """The validation seeds of `val`, `evaluate.k` samples each at the validation temperature."""
-  exp = build_experiment(config, rollout, mesh, env_name)
-  k = config.evaluate.k
-  seeds = np.repeat(np.arange(val.val_seed_start, val.val_seed_start + val.val_episodes), k)
+def evaluate_env(exp, k: int, val: TrainConfig) -> tuple[dict[str, float], Trajectories]:
+  """The validation seeds of `val`, `k` samples each at the validation temperature: (metrics, host trajectories)."""
+  seeds = np.repeat(val.val_seeds(), k)
   group_ids = np.repeat(np.arange(val.val_episodes), k)
-  traj = mesh_lib.fetch(exp.source.run(exp.model.params, seeds, group_ids, jax.random.PRNGKey(config.seed),
+  traj = mesh_lib.fetch(exp.source.run(exp.model.params, seeds, group_ids, jax.random.PRNGKey(exp.config.seed),
                                        split="validation"))
   metrics = {name.split("/", 1)[1]: value for name, value in rollout_metrics(traj, "eval").items()}
   successes = np.asarray(traj.success).reshape(-1, k)
   for kk in sorted({1, k}):
     metrics[f"pass@{kk}"] = pass_at_k(successes, kk)
-  return metrics
+  return metrics, traj
 
 
 def markdown_table(results: dict[str, dict[str, float]]) -> str:
@@ -67,15 +72,38 @@ def markdown_table(results: dict[str, dict[str, float]]) -> str:
 
 
 def main(config):
-  logging.set_verbosity(logging.WARNING)  # the table, not the checkpoint library's INFO lines
+  quiet_library_logs()  # the table, not the checkpoint library's INFO lines
   env_names, rollout, val = read_settings(config)
   mesh = build_mesh(config)
-  results = {name: evaluate_env(config, mesh, name, rollout, val) for name in env_names}
-  if jax.process_index():  # process 0 writes the results
+  is_main, k = jax.process_index() == 0, config.evaluate.k
+  say = tqdm.write if is_main else lambda line: None
+  progress = tqdm(env_names, desc="evaluate", unit="env", disable=not (config.logging.progress_bar and is_main))
+  results, transcripts = {}, []
+  for name in progress:
+    progress.set_postfix_str(name)
+    say(f"{name}: loading the model and building the environment")
+    exp = build_experiment(config, rollout, mesh, name)
+    if not results:
+      for line in startup_lines(exp):
+        say(line)
+    say(f"{name}: compiling the rollout, then playing {val.val_episodes} seeds x {k} sample(s)")
+    start = time.perf_counter()
+    results[name], traj = evaluate_env(exp, k, val)
+    say(f"{name}: success {results[name]['success']:.3f} ({time.perf_counter() - start:.0f} s)")
+    count = min(val.val_transcripts, len(traj.success))
+    if is_main and count:
+      records = decode_episodes(exp.source, exp.tokenizer, first_episodes(traj, count),
+                                np.repeat(val.val_seeds(), k)[:count])
+      transcripts += [{"env": name, **record} for record in records]
+      say(f"{name}, first episode (every prompt in transcripts.jsonl): "
+          f"{transcript_text(records[0], compact=True, max_chars=EPISODE_PRINT_CHARS)}")
+  if not is_main:  # process 0 writes the results
     return
   os.makedirs(config.workdir, exist_ok=True)
-  with open(os.path.join(config.workdir, "evaluation.json"), "w") as f:
-    json.dump(results, f, indent=2)
+  dump_json({name: json_ready(metrics) for name, metrics in results.items()},
+            os.path.join(config.workdir, "evaluation.json"))
+  if transcripts:
+    write_jsonl(os.path.join(config.workdir, TRANSCRIPTS_FILE), transcripts, mode="w")
   table = markdown_table(results)
   with open(os.path.join(config.workdir, "evaluation.md"), "w") as f:
     f.write(table + "\n")

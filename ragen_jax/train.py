@@ -11,12 +11,14 @@ import logging
 import jax
 
 from ragen_jax import config as config_lib
+from ragen_jax.report.startup import quiet_library_logs
 from ragen_jax.report.writer import json_ready
 from ragen_jax.trainer import train
 
 
 def main(config):
   logging.getLogger().setLevel(logging.INFO)
+  quiet_library_logs()
   metrics = train(config)
   if jax.process_index() == 0:
     shown = json_ready({k: v for k, v in metrics.items() if "/" in k and not k.startswith("time")})

@@ -23,6 +23,9 @@ from ragen_jax.diagnostics.alarm import AlarmState, update_alarm
 from ragen_jax.diagnostics.collapse import (CollapseConfig, init_diagnostics_state, make_diagnostics_fn,
                                             make_grad_analysis_fn, without_skipped)
 from ragen_jax.models.model import abstract_params, param_shardings
+from ragen_jax.report.startup import model_source, startup_lines, write_parameter_table
+from ragen_jax.report.summary import training_report
+from ragen_jax.report.transcripts import decode_episodes, first_episodes
 from ragen_jax.report.writer import MetricWriter, dump_json, json_ready
 from ragen_jax.rl import early_stop
 from ragen_jax.rl import update as update_lib
@@ -32,6 +35,8 @@ from ragen_jax.rollout.episodes import RolloutConfig, train_seeds
 from ragen_jax.trajectories import Trajectories, rollout_metrics
 
 DIAGNOSTIC_PREFIXES = ("collapse/", "grad_analysis/")  # logged under their own names, not update/
+PROGRESS_METRICS = {"success": "train/success", "score": "train/score", "val_success": "val/success",
+                    "kept": "update/filter_kept_ratio", "mi_z": "collapse/trajectory/mi_zscore"}  # progress bar
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +59,7 @@ class TrainConfig:
   val_every: int = 10  # 0: no validation
   val_episodes: int = 512
   val_seed_start: int = 123
+  val_transcripts: int = 4  # first validation episodes decoded into transcripts.jsonl and TensorBoard text
   checkpoint_every: int = 20
   max_to_keep: int = 3
   resume: bool = False
@@ -62,10 +68,14 @@ class TrainConfig:
   def __post_init__(self):
     for name in ("iterations", "env_groups", "group_size", "val_episodes", "max_to_keep", "max_rejected_updates"):
       check(f"train.{name}", getattr(self, name) >= 1, "must be >= 1", getattr(self, name))
-    for name in ("val_every", "checkpoint_every"):
+    for name in ("val_every", "checkpoint_every", "val_transcripts"):
       check(f"train.{name}", getattr(self, name) >= 0, "must be >= 0 (0: never)", getattr(self, name))
     for name in ("actor_lr", "critic_lr", "grad_clip"):
       check(f"train.{name}", getattr(self, name) > 0, "must be > 0", getattr(self, name))
+
+  def val_seeds(self) -> np.ndarray:
+    """The fixed validation seeds."""
+    return np.arange(self.val_seed_start, self.val_seed_start + self.val_episodes)
 
   def optimizer(self, lr: float) -> update_lib.OptimizerConfig:
     return update_lib.OptimizerConfig(lr=lr, beta1=self.beta1, beta2=self.beta2, weight_decay=self.weight_decay,
@@ -164,15 +174,25 @@ class Trainer:
   # ---- phases -------------------------------------------------------------
   def validation_rollout(self) -> Trajectories:
     """One episode per fixed validation seed, with the same sampling key every time."""
-    cfg = self.settings.train
-    seeds = np.arange(cfg.val_seed_start, cfg.val_seed_start + cfg.val_episodes)
-    return self.exp.source.run(self.state.policy, seeds, np.arange(len(seeds)), jax.random.PRNGKey(cfg.val_seed_start),
-                               split="validation")
+    seeds = self.settings.train.val_seeds()
+    return self.exp.source.run(self.state.policy, seeds, np.arange(len(seeds)),
+                               jax.random.PRNGKey(self.settings.train.val_seed_start), split="validation")
 
   def validate(self) -> dict[str, float]:
     """Validation metrics; the trajectories are kept in `last_validation`."""
     self.last_validation = self.validation_rollout()
     return rollout_metrics(self.last_validation, "val")
+
+  def validation_transcripts(self) -> list[dict]:
+    """The first `train.val_transcripts` episodes of the last validation, decoded (`report.transcripts`; a gather:
+    call it from every process, only process 0 gets them)."""
+    count = min(self.settings.train.val_transcripts, self.settings.train.val_episodes)
+    if not count:
+      return []
+    episodes = first_episodes(self.last_validation, count)
+    if not self.is_main:
+      return []
+    return decode_episodes(self.exp.source, self.exp.tokenizer, episodes, self.settings.train.val_seeds()[:count])
 
   def train_iteration(self) -> dict[str, float]:
     exp, cfg, update = self.exp, self.settings.train, self.update_config
@@ -241,6 +261,9 @@ class Trainer:
     writer = MetricWriter(self.workdir, cfg.logging.tensorboard,
                           cfg.logging.wandb_project if cfg.logging.wandb else None, cfg.to_dict(), self.is_main,
                           start_step=self.iteration)
+    if self.iteration < total:
+      logging.info("compiling: iteration %d first compiles the rollout, scoring and update programs (and the first "
+                   "validation its rollout)", self.iteration + 1)
     progress = _progress(total, self.iteration, cfg.logging.progress_bar and self.is_main, cfg.env.name)
     last: dict[str, float] = {}
     try:
@@ -250,6 +273,7 @@ class Trainer:
         if train.val_every and (self.iteration % train.val_every == 0 or self.iteration == total):
           metrics |= self.validate()
           self.best_val_success = max(self.best_val_success, metrics["val/success"])
+          writer.write_transcripts(self.iteration, self.validation_transcripts())
         reason = self._watch(metrics)
         writer.write(self.iteration, metrics)
         if self.rejected_streak >= train.max_rejected_updates:
@@ -261,9 +285,8 @@ class Trainer:
         final = train.checkpoint_every > 0 and self.iteration == total  # the final state is always saved
         self.checkpointer.maybe_save(self.iteration, self.state, self.host_state(), force=bool(reason) or final)
         progress.update(1)
-        progress.set_postfix({k.split("/")[-1]: f"{metrics[k]:.3g}" for k in (
-            "train/success", "train/score", "val/success", "update/filter_kept_ratio",
-            "collapse/trajectory/mi_zscore") if k in metrics}, refresh=False)
+        progress.set_postfix({label: f"{metrics[key]:.3g}" for label, key in PROGRESS_METRICS.items()
+                              if key in metrics}, refresh=False)
         last = metrics
         if reason:
           logging.warning("early stop at iteration %d: %s", self.iteration, reason)
@@ -299,9 +322,40 @@ def _progress(total: int, initial: int, enabled: bool, desc: str):
   return tqdm(total=total, initial=initial, desc=desc, disable=not enabled, dynamic_ncols=True)
 
 
+def log_startup(trainer: Trainer) -> None:
+  """Process 0 logs the model, its size, the devices, the mesh and the run's shape, and writes the parameter
+  table into the workdir."""
+  if not trainer.is_main:
+    return
+  exp, train_cfg = trainer.exp, trainer.settings.train
+  table = write_parameter_table(exp.model.params, trainer.workdir)
+  validation = (f"validation on {train_cfg.val_episodes} seeds every {train_cfg.val_every} iterations"
+                if train_cfg.val_every else "no validation")
+  for line in startup_lines(exp, table) + [
+      f"run: {train_cfg.iterations} iterations of {train_cfg.env_groups} groups x {train_cfg.group_size} "
+      f"{exp.config.env.name} episodes ({trainer.settings.algorithm.preset}), {validation}; writing to "
+      f"{trainer.workdir}"]:
+    logging.info(line)
+
+
+def write_training_report(trainer: Trainer, metrics: dict[str, float]) -> str:
+  """`report.md` and `report.png` in the workdir (process 0); returns the report's path."""
+  cfg, train_cfg, settings = trainer.exp.config, trainer.settings.train, trainer.settings
+  description = [f"Model: {model_source(cfg.model.path)}. {trainer.iteration} of {train_cfg.iterations} iterations "
+                 f"of {train_cfg.env_groups} groups x {train_cfg.group_size} episodes, algorithm "
+                 f"{settings.algorithm.preset}, SNR filter {'on' if settings.filter.enabled else 'off'}; "
+                 f"validation on {train_cfg.val_episodes} fixed seeds."]
+  if metrics.get("early_stop"):
+    description.append(f"The run stopped early at iteration {trainer.iteration} (see the log).")
+  if trainer.best_val_success >= 0:
+    description.append(f"Best validation success: {trainer.best_val_success:.3f}.")
+  return training_report(trainer.workdir, f"ragen_jax training report: {cfg.env.name}", description)
+
+
 def train(config) -> dict[str, float]:
-  """Builds the trainer, resumes when asked, trains, and exports the final policy."""
+  """Builds the trainer, resumes when asked, trains, exports the final policy and writes the report."""
   trainer = Trainer.create(config)
+  log_startup(trainer)
   if trainer.settings.train.resume and trainer.try_resume():
     logging.info("resumed from iteration %d", trainer.iteration)
   metrics = trainer.run()
@@ -310,5 +364,6 @@ def train(config) -> dict[str, float]:
     export_dir = os.path.join(config.workdir, "final_model")
     dataclasses.replace(trainer.exp.model, params=policy).export(export_dir, trainer.exp.tokenizer)
     dump_json(json_ready(metrics), os.path.join(config.workdir, "final_metrics.json"))
+    logging.info("report: %s", write_training_report(trainer, metrics))
   trainer.checkpointer.close()
   return metrics

@@ -2,16 +2,21 @@
 non-finite update guard, sharded update = 1 device."""
 
 import json
+import logging
 import math
 import os
 
 import jax
 import numpy as np
 import pytest
+from PIL import Image
+from safetensors.numpy import load_file
+from tensorboardX.proto import event_pb2
 
 from ragen_jax.checkpoint import Checkpointer, RestoreError, abstract_like
 from ragen_jax.config import ConfigError, load_config_file
 from ragen_jax.finite import first_nonfinite
+from ragen_jax.report.summary import training_report
 from ragen_jax.report.writer import read_metrics
 from ragen_jax.rl import update as update_lib
 from ragen_jax.trainer import Trainer, TrainingHalted, train
@@ -29,7 +34,23 @@ def _config(model_dir, workdir, **overrides):
   return config
 
 
-def test_training_iterations_log_checkpoint_and_export(replying_model_dir, tmp_path):
+def tensorboard_texts(run_dir) -> dict[str, list[int]]:
+  """Tag -> steps of the text summaries in a run's TensorBoard event files (TFRecord framing read by hand)."""
+  texts = {}
+  for name in os.listdir(run_dir / "tensorboard"):
+    data, pos = (run_dir / "tensorboard" / name).read_bytes(), 0
+    while pos < len(data):
+      length = int.from_bytes(data[pos:pos + 8], "little")
+      event = event_pb2.Event.FromString(data[pos + 12:pos + 12 + length])
+      pos += 16 + length
+      for value in event.summary.value:
+        if value.metadata.plugin_data.plugin_name == "text":
+          texts.setdefault(value.tag.removesuffix("/text_summary"), []).append(event.step)  # tensorboardX adds it
+  return texts
+
+
+def test_training_iterations_log_checkpoint_and_export(replying_model_dir, tmp_path, caplog):
+  caplog.set_level(logging.INFO)
   final = train(_config(replying_model_dir, tmp_path, **{"train.iterations": 3, "algorithm.preset": "grpo",
                                                          "diagnostics.compute_freq": 2}))
   rows = read_metrics(str(tmp_path))
@@ -48,6 +69,21 @@ def test_training_iterations_log_checkpoint_and_export(replying_model_dir, tmp_p
   assert os.listdir(tmp_path / "tensorboard")
   assert (tmp_path / "final_model" / "model.safetensors").is_file()
   assert json.loads((tmp_path / "final_metrics.json").read_text())["train/success"] == final["train/success"]
+  # What a newcomer is told at the start, and what the run leaves besides metrics
+  count = sum(x.size for x in jax.tree.leaves(load_file(str(replying_model_dir / "model.safetensors"))))
+  said = caplog.text
+  for line in (f"model: {replying_model_dir}\n", f"; {count:,} parameters", "devices: 8 cpu in 1 process(es); mesh "
+               "data=8 x fsdp=1 x tensor=1 over 8 of them", "run: 3 iterations of 2 groups x 4 sokoban episodes",
+               "compiling: iteration 1"):
+    assert line in said, line
+  assert f"Total: {count:,}" in (tmp_path / "parameters.txt").read_text()
+  report = (tmp_path / "report.md").read_text()
+  assert "| val/success | 2 |" in report and "![" in report and "`transcripts.jsonl`" in report
+  image = np.asarray(Image.open(tmp_path / "report.png").convert("L"), np.float32)
+  assert image.shape[0] > 300 and image.std() > 10
+  transcripts = [json.loads(line) for line in (tmp_path / "transcripts.jsonl").read_text().splitlines()]
+  assert [(r["step"], r["seed"]) for r in transcripts] == [(step, 123 + i) for step in (2, 3) for i in range(4)]
+  assert tensorboard_texts(tmp_path) == {f"transcripts/{i}": [2, 3] for i in range(4)}
 
 
 def test_resume_reproduces_the_uninterrupted_run(replying_model_dir, tmp_path):
@@ -92,6 +128,18 @@ def test_broken_checkpoints_are_set_aside_and_every_later_save_happens(replying_
   final = trainer.run(2)
   trainer.checkpointer.close()
   assert final["val/success"] == pytest.approx(np.mean(np.asarray(trainer.last_validation.success, np.float64)))
+  # the transcripts are the validation episodes, turn by turn, with the actions the environment stepped
+  val = jax.device_get(trainer.last_validation)
+  transcripts = [json.loads(line) for line in (tmp_path / "transcripts.jsonl").read_text().splitlines()]
+  assert len(transcripts) == 4
+  for i, record in enumerate(transcripts):
+    text = record["system"] + "".join(turn["prompt"] + turn["reply"] for turn in record["turns"])
+    assert text == trainer.exp.tokenizer.decode(val.tokens[i][val.valid[i]].tolist())
+    assert [t["reward"] for t in record["turns"]] == pytest.approx(val.turn_rewards[i, :val.num_turns[i]].tolist())
+    assert [t["format_ok"] for t in record["turns"]] == val.format_ok[i, :val.num_turns[i]].tolist()
+    # stepped: every recognised action (2 a turn at most, 4 in all within the budget of 10) unless one ends it
+    assert sum(len(t["actions"]) for t in record["turns"]) == val.num_actions[i]
+  assert any(t["actions"] == ["Up", "Left"] for r in transcripts for t in r["turns"])  # the model's usual REPLY
   np.testing.assert_array_equal(np.asarray(trainer.validation_rollout().tokens),  # fixed seeds and key
                                 np.asarray(trainer.last_validation.tokens))
   checkpoints = tmp_path / "checkpoints"
@@ -113,6 +161,8 @@ def test_broken_checkpoints_are_set_aside_and_every_later_save_happens(replying_
   again = Trainer.create(config)
   assert again.try_resume() and again.iteration == 3
   assert _metric_steps(tmp_path) == [1, 2, 3]  # iteration 2 ran three times and is logged once
+  transcripts = (tmp_path / "transcripts.jsonl").read_text().splitlines()
+  assert [json.loads(line)["step"] for line in transcripts] == [2] * 4 + [3] * 4  # and its transcripts once
   # none restores: an error, not a fresh start, and nothing is moved
   for step in (1, 2, 3):
     _corrupt(checkpoints / str(step))
@@ -150,6 +200,8 @@ def test_non_finite_updates_are_rejected_never_saved_and_halt_the_run(replying_m
   assert [r["update/num_updates"] for r in rows] == [2, 0, 0]
   assert [r["update/rejected_streak"] for r in rows] == [0, 2, 4]
   assert [r["update/pg_loss"] is None for r in rows] == [False, True, True]  # logged as null, not dropped
+  training_report(str(tmp_path), "a halted run", [])  # plots and table leave the nulls (scores of 2, 3) out
+  assert "| train/score | 1 |" in (tmp_path / "report.md").read_text() and (tmp_path / "report.png").is_file()
   # iteration 3 halted before its save; checkpoint 2 is finite and holds the weights the halted run ended with
   assert trainer.checkpointer.steps() == [1, 2]
   step, restored, _ = Checkpointer(str(tmp_path / "checkpoints"), 1, 3).restore_latest(abstract_like(trainer.state))

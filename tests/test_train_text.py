@@ -1,12 +1,13 @@
 """Host-path RL on a host text environment (Countdown) with a tiny model."""
 
+import json
 import math
 import os
 
 import jax.numpy as jnp
 import numpy as np
 
-from envs.host import make_text_env
+from envs.host import extract_answer, make_text_env
 from ragen_jax.config import load_config_file
 from ragen_jax.models.scratch import save_scratch_model
 from ragen_jax.models.tokenizer import train_tokenizer
@@ -40,6 +41,13 @@ def test_countdown_host_path_training(tmp_path):
   assert all(math.isfinite(v) for r in rows for v in r.values())
   assert all(r["update/num_updates"] > 0 for r in rows)
   assert "val/success" in rows[-1]
+  # the validation transcripts are the Countdown episodes, their actions the answers the environment scored
+  transcripts = [json.loads(line) for line in (tmp_path / "run" / "transcripts.jsonl").read_text().splitlines()]
+  assert [(r["step"], r["seed"]) for r in transcripts] == [(2, 123 + i) for i in range(4)]
+  for record in transcripts:
+    assert make_text_env("countdown", **env_params).reset(record["seed"], "validation") in record["turns"][0]["prompt"]
+    for turn in record["turns"]:
+      assert turn["actions"] == ([extract_answer("<think>" + turn["reply"])] if turn["format_ok"] else [])
   # The episodes really are Countdown prompts followed by sampled replies.
   traj = trainer.exp.source.run(trainer.state.policy, np.arange(4), np.repeat(np.arange(2), 2),
                                 jnp.zeros(2, jnp.uint32))

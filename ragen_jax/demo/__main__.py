@@ -13,9 +13,8 @@ import os
 
 from ragen_jax import config as config_lib
 from ragen_jax.demo.demonstrations import READING_KEYS
-from ragen_jax.demo.stages import check_settings, log, reinforce, warm_start
+from ragen_jax.demo.stages import check_settings, demo_report, log, reinforce, warm_start
 from ragen_jax.models.hf_io import export_hf
-from ragen_jax.report.summary import write_report
 
 
 def run(config):
@@ -35,7 +34,7 @@ def run(config):
                      "final": final}
   with open(os.path.join(config.workdir, "results.json"), "w") as f:
     json.dump(results, f, indent=2)
-  report = write_report(config.workdir, env_names, results)
+  report = demo_report(config.workdir, env_names, results)
   log(f"report: {report}")
   for name, r in results.items():
     print(f"{name:>10s}: validation success after SFT {r['sft_val_success']:.3f} -> after RL "

@@ -12,6 +12,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from scipy import stats  # noqa: E402
 
+from ragen_jax.report.summary import label_iterations  # noqa: E402
+
 CURVES = (("validation success", "val/success"), ("trajectory MI z-score", "collapse/trajectory/mi_zscore"),
           ("policy entropy", "update/policy_entropy"), ("SNR filter kept ratio", "update/filter_kept_ratio"))
 PREDICTORS = (("trajectory MI z-score", "mi_zscore"), ("policy entropy", "policy_entropy"))
@@ -96,7 +98,7 @@ def plot_curves(path: str, runs: list[dict], env_names) -> str:
         ax.plot(steps, mean, color=color, marker="o", markersize=3, label=f"{setting} (n={len(curves)})")
         ax.fill_between(steps, mean - std, mean + std, color=color, alpha=0.2)
       ax.set_title(f"{env}: {title}")
-      ax.set_xlabel("iteration")
+      label_iterations(ax)
       ax.grid(alpha=0.3)
       ax.legend(fontsize=7)
   return _save(fig, path)

@@ -1,43 +1,65 @@
-"""Run reports: PNG plots over iterations and a markdown table of the results."""
+"""Run reports: PNG plots over iterations and markdown reports (`write_report`; `training_report` for `train`)."""
 
 from __future__ import annotations
 
+import math
 import os
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from ragen_jax.report.writer import read_metrics  # noqa: E402
 
-PANELS = (
+PANELS = (  # (title, keys drawn on the panel): keys of one panel share a scale
     ("validation success", ("val/success",)),
     ("reward and in-group reward std", ("train/score", "update/in_group_reward_std")),
+    ("valid action rate", ("train/valid_action_rate", "val/valid_action_rate")),
     ("SNR filter kept ratio", ("update/filter_kept_ratio",)),
-    ("input dependence (MI)", ("collapse/trajectory/mi_zscore", "collapse/first_turn/mi_zscore",
-                               "collapse/trajectory/retrieval_accuracy")),
+    ("input dependence: MI z-score", ("collapse/trajectory/mi_zscore", "collapse/first_turn/mi_zscore")),
+    ("input dependence: retrieval accuracy", ("collapse/trajectory/retrieval_accuracy",
+                                              "collapse/trajectory/retrieval_chance_level")),
     ("entropy", ("update/policy_entropy", "collapse/reasoning_token_entropy")),
     ("losses", ("update/pg_loss", "update/kl_loss", "update/value_loss")),
 )
+SUMMARY_METRICS = ("train/success", "train/score", "val/success", "val/valid_action_rate", "update/filter_kept_ratio",
+                   "collapse/trajectory/mi_zscore", "collapse/trajectory/retrieval_accuracy", "update/policy_entropy",
+                   "time/iteration_s")
+RUN_FILES = (("metrics.jsonl", "every metric of every iteration"),
+             ("tensorboard", "the same for TensorBoard, with the transcripts in its text tab"),
+             ("transcripts.jsonl", "decoded validation episodes: prompts, replies, parsed actions, rewards"),
+             ("parameters.txt", "the model's parameter table"), ("checkpoints", "train state (Orbax)"),
+             ("final_model", "the final policy as a Hugging Face directory"),
+             ("final_metrics.json", "the last iteration's metrics"))
 
 
-def plot_run(run_dir: str, title: str, baseline: dict[str, float] | None = None) -> str:
-  """One PNG with a panel per PANELS entry from `run_dir/metrics.jsonl`; returns its path."""
-  rows = read_metrics(run_dir)
-  fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+def label_iterations(ax) -> None:
+  """An x axis of iterations, ticked at whole numbers."""
+  ax.set_xlabel("iteration")
+  ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def run_figure(rows: list[dict], title: str, baseline: dict[str, float] | None = None):
+  """A matplotlib figure with a panel per PANELS entry of metric rows (`read_metrics`; `baseline`: values drawn at
+  iteration 0)."""
+  steps_logged = [r["step"] for r in rows] + ([0] if baseline else [])
+  fig, axes = plt.subplots(2, 4, figsize=(19, 8))
   for ax, (name, keys) in zip(axes.ravel(), PANELS):
     drawn = False
     for key in keys:
-      points = [(r["step"], r[key]) for r in rows if key in r]
+      points = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
       if baseline and key in baseline:
         points = [(0, baseline[key])] + points
       if points:
         steps, values = zip(*points)
-        ax.plot(steps, values, marker="o", markersize=3, label=key.split("/", 1)[-1])
+        ax.plot(steps, values, marker="o", markersize=3, label=key)
         drawn = True
     ax.set_title(name)
-    ax.set_xlabel("iteration")
+    label_iterations(ax)
+    if steps_logged:  # every panel spans the whole run, so a lone point still gets whole-number ticks
+      ax.set_xlim(min(steps_logged) - 0.5, max(steps_logged) + 0.5)
     ax.grid(alpha=0.3)
     if drawn:
       ax.legend(fontsize=7)
@@ -45,35 +67,43 @@ def plot_run(run_dir: str, title: str, baseline: dict[str, float] | None = None)
       ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
   fig.suptitle(title)
   fig.tight_layout()
+  return fig
+
+
+def plot_run(run_dir: str, title: str, baseline: dict[str, float] | None = None) -> str:
+  """`run_dir/report.png`, the `run_figure` of `run_dir/metrics.jsonl`; returns its path."""
+  fig = run_figure(read_metrics(run_dir), title, baseline)
   path = os.path.join(run_dir, "report.png")
   fig.savefig(path, dpi=80)
   plt.close(fig)
   return path
 
 
-def write_report(workdir: str, env_names, results: dict) -> str:
-  """Plots every environment's run and writes `workdir/report.md`; returns its path."""
-  lines = ["# ragen_jax demo report", "",
-           "| env | solver demos success | after SFT | after RL | gain (± s.e.) | best during RL "
-           "| positions read (SFT → RL) | answer repeats reasoning (SFT → RL) |",
-           "|---|---|---|---|---|---|---|---|"]
-  plots = []
-  for name in env_names:
-    r = results[name]
-    plots.append((name, plot_run(os.path.join(workdir, name), f"{name}: SFT warm start + RL with SNR-Aware Filtering",
-                                 {"val/success": r["sft_val_success"]})))
-    lines.append(f"| {name} | {r['demo_success']:.3f} | {r['sft_val_success']:.3f} | {r['final_val_success']:.3f} | "
-                 f"{r['gain']:+.3f} ± {r['gain_se']:.3f} | {r['best_val_success']:.3f} | "
-                 + " | ".join(f"{sft:.0%} → {r['reading']['rl'][key]:.0%}" for key, sft in r["reading"]["sft"].items())
-                 + " |")
-  lines += ["", "Validation: the same fixed seeds before and after RL, one sample each at temperature 0.5; the gain's "
-            "standard error is over the per-seed changes in success. Positions read: validation turns whose "
-            "reasoning names the observed positions (player and box, or player and goal); answer repeats reasoning: "
-            "turns whose answer is the moves after the reasoning's \"So:\".",
-            "Metrics per iteration are in `<env>/metrics.jsonl` and TensorBoard files in `<env>/tensorboard`.", ""]
+def write_report(workdir: str, title: str, body: list[str], plots: list[tuple[str, str]]) -> str:
+  """Writes `workdir/report.md`: the title, the `body` lines, then each (name, PNG path) plot; returns its path."""
+  lines = [f"# {title}", "", *body, ""]
   for name, plot in plots:
     lines += [f"![{name}]({os.path.relpath(plot, workdir)})", ""]
   path = os.path.join(workdir, "report.md")
   with open(path, "w") as f:
     f.write("\n".join(lines))
   return path
+
+
+def metric_table(rows: list[dict], keys=SUMMARY_METRICS) -> list[str]:
+  """Markdown table of each of `keys` logged in `rows`: iterations logged, first, last, min and max."""
+  lines = ["| metric | iterations logged | first | last | min | max |", "|---|---|---|---|---|---|"]
+  for key in keys:
+    values = [r[key] for r in rows if r.get(key) is not None and math.isfinite(r[key])]
+    if values:
+      lines.append(f"| {key} | {len(values)} | " + " | ".join(f"{v:.3g}" for v in (values[0], values[-1], min(values),
+                                                                                    max(values))) + " |")
+  return lines
+
+
+def training_report(workdir: str, title: str, description: list[str]) -> str:
+  """`report.md` and `report.png` of a training run in `workdir`: `description` lines, the summary of its
+  metrics, its files and the plot; returns the report's path."""
+  files = [f"- `{name}`: {what}" for name, what in RUN_FILES if os.path.exists(os.path.join(workdir, name))]
+  body = [*description, "", *metric_table(read_metrics(workdir)), "", "Files of the run:", *files]
+  return write_report(workdir, title, body, [(title, plot_run(workdir, title))])

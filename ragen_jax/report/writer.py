@@ -11,7 +11,10 @@ import math
 import os
 from collections.abc import Mapping
 
+from ragen_jax.report.transcripts import transcript_text
+
 METRICS_FILE = "metrics.jsonl"
+TRANSCRIPTS_FILE = "transcripts.jsonl"
 
 
 def json_ready(metrics: Mapping[str, float]) -> dict[str, float | None]:
@@ -26,11 +29,19 @@ def dump_json(data, path: str) -> None:
     json.dump(data, f, indent=2, allow_nan=False)
 
 
+def write_jsonl(path: str, records, mode: str = "a") -> None:
+  """Writes each record as one line of strict JSON, appending by default."""
+  with open(path, mode) as f:
+    for record in records:
+      f.write(json.dumps(record, allow_nan=False) + "\n")
+
+
 class MetricWriter:
-  """Writes scalar metrics per iteration to `workdir/metrics.jsonl`, TensorBoard and W&B.
+  """Writes scalar metrics per iteration to `workdir/metrics.jsonl`, TensorBoard and W&B, and transcripts of
+  episodes to `workdir/transcripts.jsonl` and TensorBoard.
 
   `start_step`: the iteration the run starts after (0 fresh, k when resumed from iteration k). Rows of later
-  iterations, left by an interrupted run that is now redoing them, are dropped from the JSONL file and purged
+  iterations, left by an interrupted run that is now redoing them, are dropped from the JSONL files and purged
   from TensorBoard, so no iteration is logged twice. Only process 0 writes; other processes get a writer that does
   nothing.
   """
@@ -43,7 +54,9 @@ class MetricWriter:
       return
     os.makedirs(workdir, exist_ok=True)
     path = os.path.join(workdir, METRICS_FILE)
-    _drop_rows_after(path, start_step)
+    self._transcripts_path = os.path.join(workdir, TRANSCRIPTS_FILE)
+    for jsonl in (path, self._transcripts_path):
+      _drop_rows_after(jsonl, start_step)
     self._jsonl = open(path, "a")
     if tensorboard:
       from tensorboardX import SummaryWriter
@@ -68,6 +81,17 @@ class MetricWriter:
       self._tb.flush()
     if self._wandb is not None:
       self._wandb.log(values, step=step)
+
+  def write_transcripts(self, step: int, records: list[dict]) -> None:
+    """Appends decoded episodes (`report.transcripts`) to `workdir/transcripts.jsonl` with the step, and writes
+    each to TensorBoard's text tab as `transcripts/<index>`."""
+    if not self.enabled or not records:
+      return
+    write_jsonl(self._transcripts_path, [{"step": step, **record} for record in records])
+    if self._tb is not None:
+      for index, record in enumerate(records):  # indented: a markdown code block, shown verbatim
+        self._tb.add_text(f"transcripts/{index}", "    " + transcript_text(record).replace("\n", "\n    "), step)
+      self._tb.flush()
 
   def close(self) -> None:
     if self._jsonl is not None:

@@ -26,13 +26,21 @@ def test_non_finite_metrics_are_written_as_null(tmp_path):
     dump_json({"a": math.nan}, str(tmp_path / "bad.json"))
 
 
+def _episode(score):
+  return {"seed": 123, "score": score, "success": False, "system": "s",
+          "turns": [{"prompt": "p", "reply": "r", "actions": [], "reward": score, "format_ok": False}]}
+
+
 def test_rows_after_the_start_step_are_dropped(tmp_path):
   writer = MetricWriter(str(tmp_path), tensorboard=True)
   for step in (1, 2, 3):
     writer.write(step, {"x": float(step)})
+    writer.write_transcripts(step, [_episode(float(step))])
   writer.close()
   resumed = MetricWriter(str(tmp_path), tensorboard=True, start_step=1)  # resumed from iteration 1: 2 and 3 redone
   for step in (2, 3):
     resumed.write(step, {"x": 10.0 * step})
+    resumed.write_transcripts(step, [_episode(10.0 * step)])
   resumed.close()
   assert [(r["step"], r["x"]) for r in _rows(tmp_path / "metrics.jsonl")] == [(1, 1.0), (2, 20.0), (3, 30.0)]
+  assert [(r["step"], r["score"]) for r in _rows(tmp_path / "transcripts.jsonl")] == [(1, 1.0), (2, 20.0), (3, 30.0)]

@@ -1,0 +1,51 @@
+"""What a run says when it starts: model, parameter count, devices and mesh; library log chatter turned down."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import jax
+from clu import parameter_overview
+
+from ragen_jax.models import bundled_model_dir
+
+QUIET_LOGGERS = ("absl", "orbax", "jax")  # Orbax logs each checkpoint step through absl (a few modules through
+# their own loggers); jax names the backends it skips
+
+
+def quiet_library_logs() -> None:
+  """Orbax's (absl's) and JAX's INFO lines to WARNING; the root logger, and so this project's INFO lines, keep
+  their level."""
+  for name in QUIET_LOGGERS:
+    logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def model_source(model_path: str) -> str:
+  """The `model.path` a run loads, saying when it is the bundled model."""
+  return model_path or f"the bundled SmolLM2-135M-Instruct ({bundled_model_dir()})"
+
+
+def startup_lines(exp, parameter_table: str | None = None) -> list[str]:
+  """Lines describing an `assembly.Experiment`: model and its size, devices, mesh (`parameter_table`: where the
+  parameter table was written)."""
+  model = exp.model.config
+  count = parameter_overview.count_parameters(exp.model.params)
+  devices = jax.devices()
+  kinds = ", ".join(sorted({d.device_kind for d in devices} - {devices[0].platform}))
+  mesh = " x ".join(f"{axis}={size}" for axis, size in exp.mesh.shape.items())
+  return [f"model: {model_source(exp.config.model.path)}",
+          f"  {model.model_type}, {model.num_layers} layers, hidden {model.hidden_size}, {model.num_heads} heads "
+          f"({model.num_kv_heads} KV), vocab {model.vocab_size}; {count:,} parameters ({exp.config.model.param_dtype}, "
+          f"computing in {exp.config.model.dtype})" + (f"; table in {parameter_table}" if parameter_table else ""),
+          f"devices: {len(devices)} {devices[0].platform}{f' ({kinds})' if kinds else ''} in {jax.process_count()} "
+          f"process(es); mesh {mesh} over {exp.mesh.size} of them"]
+
+
+def write_parameter_table(params, workdir: str) -> str:
+  """Writes clu's parameter table (name, shape, dtype, size, sharding) to `workdir/parameters.txt`; returns it."""
+  os.makedirs(workdir, exist_ok=True)
+  path = os.path.join(workdir, "parameters.txt")
+  with open(path, "w") as f:
+    f.write(parameter_overview.get_parameter_overview(params, include_stats="sharding") + "\n")
+  return path
