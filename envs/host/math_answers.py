@@ -36,6 +36,7 @@ _NUMBER_ONLY = re.compile(rf"\s*(?P<n>{_NUMBER})\s*(?:/\s*(?P<d>{_NUMBER})\s*)?"
 _LEADING_NUMBER = re.compile(rf"(?P<n>{_NUMBER})(?:\s*/\s*(?P<d>{_NUMBER}))?")
 _ANY_NUMBER = re.compile(rf"(?<![\w.])(?P<n>{_NUMBER})(?:\s*/\s*(?P<d>{_NUMBER}))?")
 _NOT_ONE_VALUE = re.compile(r"[\d+\-*/^!<>=\u2212\u00d7\u00f7\u00b7\u2264\u2265]|\\[A-Za-z]")  # left beside the number
+_WORD_HYPHEN = re.compile(r"(?<=[^\W\d_])-(?=[^\W\d_])")  # "seventy-two": a hyphen between letters is no minus
 _FRAC = re.compile(r"\\[dt]?frac\s*\{\s*([^{}]*)\}\s*\{\s*([^{}]*)\}")
 _TEXT = re.compile(r"\\(?:text|textbf|mathrm|mbox)\s*\{([^{}]*)\}")
 _BOX_OPENERS = ("\\boxed{", "\\fbox{")
@@ -94,7 +95,7 @@ def find_number(text: str) -> Fraction | None:
   """The one number a free-form answer states, among words only; None for anything else (module docstring)."""
   text = _frac_to_slash(_clean(text))
   match = _LEADING_NUMBER.match(text) or _ANY_NUMBER.search(text)
-  if match is None or _NOT_ONE_VALUE.search(text[: match.start()] + " " + text[match.end() :]):
+  if match is None or _NOT_ONE_VALUE.search(_WORD_HYPHEN.sub(" ", text[: match.start()] + " " + text[match.end() :])):
     return None
   return _to_fraction(match["n"], match["d"])
 
