@@ -8,15 +8,17 @@ import jax.numpy as jnp
 from ragen_jax import mesh as mesh_lib
 
 
+def _leaf_finite(x) -> jax.Array:
+  """bool[]: an inexact (floating or complex) array free of NaN and ±inf; other dtypes always are."""
+  return jnp.all(jnp.isfinite(x)) if jnp.issubdtype(jnp.result_type(x), jnp.inexact) else jnp.array(True)
+
+
 def all_finite(tree) -> jax.Array:
-  """bool[]: every inexact (floating or complex) leaf of `tree` is free of NaN and ±inf (traceable in jit)."""
-  flags = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
-  return jnp.all(jnp.stack(flags)) if flags else jnp.array(True)
+  """bool[]: every inexact leaf of `tree` is free of NaN and ±inf (traceable in jit)."""
+  return jnp.all(jnp.stack([_leaf_finite(x) for x in jax.tree.leaves(tree)] + [jnp.array(True)]))
 
 
-@jax.jit
-def _finite_leaves(tree):
-  return jax.tree.map(lambda x: jnp.all(jnp.isfinite(x)) if jnp.issubdtype(x.dtype, jnp.inexact) else True, tree)
+_finite_leaves = jax.jit(lambda tree: jax.tree.map(_leaf_finite, tree))
 
 
 def first_nonfinite(tree) -> str | None:
