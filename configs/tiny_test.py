@@ -1,4 +1,5 @@
-"""A few-second run for tests: a tiny random model on Sokoban (model.path must be set)."""
+"""A quick run on Sokoban that needs nothing prepared: the built-in tiny random model (`scratch:tiny`, with
+the bundled tokenizer). Tests point model.path at their own tiny models."""
 
 from configs import base
 
@@ -6,6 +7,7 @@ from configs import base
 def get_config():
   c = base.get_config()
   c.workdir = "runs/tiny_test"
+  c.model.path = "scratch:tiny"
   c.rollout.max_turns = 2
   c.rollout.max_new_tokens = 12
   c.train.iterations = 2

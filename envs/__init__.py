@@ -8,6 +8,8 @@ Every function above is pure, jits and vmaps. Each env also renders its
 observation straight to token ids (`env.render_tokens`) and answers are parsed
 on device (`envs.text.parse_actions`); see `envs.text` and `envs.core`.
 """
+import typing
+
 from envs.bandit import Bandit
 from envs.core import Environment
 from envs.frozenlake import FrozenLake
@@ -28,3 +30,10 @@ def make(name: str, **overrides):
     raise ValueError(f"unknown environment {name!r}; known: {sorted(REGISTRY)}")
   env = REGISTRY[name]()
   return env, env.make_params(**overrides)
+
+
+def param_types(name: str) -> dict[str, object]:
+  """The type hint of every parameter of environment `name` (the names `make(name, **overrides)` takes)."""
+  if name not in REGISTRY:
+    raise ValueError(f"unknown environment {name!r}; known: {sorted(REGISTRY)}")
+  return typing.get_type_hints(type(REGISTRY[name]().default_params()))

@@ -1,8 +1,9 @@
 """Assembly: a config turned into mesh, model, tokenizer, environment and rollout source.
 
-Entry points (`train`, `evaluate`, the demo) build what they need here and never import one
-another. `check_model_and_env` validates the `model` and `env` sections; `build_mesh` and
-`build_experiment` then load and place everything (nothing is compiled yet).
+Entry points (`train`, `evaluate`, `chat`, the demo) build what they need here and never import one
+another. `check_model_and_env` validates the `model` and `env` sections (a model directory is checked before
+any tensor is read); `build_mesh` and `build_experiment` then load and place everything (nothing is compiled
+yet).
 """
 
 from __future__ import annotations
@@ -18,9 +19,13 @@ from envs import host as host_envs
 from envs import text as env_text
 from ragen_jax import distributed
 from ragen_jax import mesh as mesh_lib
-from ragen_jax.config import ConfigError, check_one_of
-from ragen_jax.models import Model, bundled_model_dir, load_pretrained
+from ragen_jax.config import ENV_PARAMS, ConfigError, check_one_of, did_you_mean, parse_text
+from ragen_jax.finite import first_nonfinite
+from ragen_jax.models import CheckpointError, Model, bundled_model_dir, load_pretrained
 from ragen_jax.models.config import DTYPES
+from ragen_jax.models.gguf_convert import bundled_tokenizer_dir
+from ragen_jax.models.hf_io import check_model_dir
+from ragen_jax.models.scratch import SCRATCH_TINY, tiny_model
 from ragen_jax.rollout.episodes import RolloutConfig, build_assets
 from ragen_jax.rollout.source import DeviceSource, RolloutSource, TextSource
 
@@ -31,13 +36,71 @@ def check_model_and_env(config, env_name: str | None = None) -> None:
   """Validates the `model` section and the environment `env_name` (default `env.name`) with `env.params`."""
   check_one_of("model.dtype", config.model.dtype, DTYPES)
   check_one_of("model.param_dtype", config.model.param_dtype, DTYPES)
+  check_model_path(config.model.path)
   _environment(config.env.name if env_name is None else env_name, config.env.params.to_dict())
+
+
+def check_model_path(path: str, key: str = "model.path") -> None:
+  """Raises ConfigError unless `path` is "" (the bundled model), `scratch:tiny` or a model directory that loads
+  (`hf_io.check_model_dir`: config, weights, tokenizer, chat template)."""
+  if path in ("", SCRATCH_TINY):
+    return
+  if path.startswith("scratch:"):
+    raise ConfigError(f"{key}={path!r}: the built-in model is {SCRATCH_TINY!r}")
+  try:
+    check_model_dir(path)
+  except CheckpointError as error:
+    raise ConfigError(f"{key}={path!r}: {error}") from error
+
+
+def load_model(path: str, mesh: jax.sharding.Mesh, dtype: str, param_dtype: str | None = None,
+               key: str = "model.path") -> tuple[Model, object]:
+  """(model on `mesh`, tokenizer) of `path`: a local HF directory, "" for the bundled SmolLM2-135M-Instruct, or
+  `scratch:tiny` (`models.scratch.tiny_model` with the bundled tokenizer). Loaded weights must be finite."""
+  check_model_path(path, key)
+  if path == SCRATCH_TINY:
+    tokenizer = transformers.AutoTokenizer.from_pretrained(bundled_tokenizer_dir())
+    model = tiny_model(tokenizer, mesh, dtype, param_dtype)
+  else:
+    directory = path or str(bundled_model_dir())
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+    try:
+      model = load_pretrained(directory, mesh=mesh, dtype=dtype, param_dtype=param_dtype)
+    except CheckpointError as error:
+      raise ConfigError(f"{key}={path!r}: {error}") from error
+    bad = first_nonfinite(model.params)
+    if bad:
+      raise ConfigError(f"{key}={path!r}: the weights in {directory} hold NaN or infinite values (first in {bad}); the "
+                        f"checkpoint is damaged")
+  if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in model.config.eos_token_ids:
+    model = dataclasses.replace(model, config=dataclasses.replace(
+        model.config, eos_token_ids=model.config.eos_token_ids + (tokenizer.eos_token_id,)))
+  return model, tokenizer
+
+
+def env_param_types(name: str) -> dict[str, object]:
+  """The type hint of every `env.params` key environment `name` takes (its own parameters; for a host text
+  environment its constructor's options, data paths among them)."""
+  check_one_of("env.name", name, ENV_NAMES)
+  return host_envs.option_types(name) if name in host_envs.REGISTRY else envs.param_types(name)
+
+
+def _typed_env_params(name: str, overrides: dict) -> dict:
+  """`overrides` with command-line text typed by the environment's parameter types; an unknown key raises
+  ConfigError naming the closest real ones."""
+  param_types = env_param_types(name)
+  for key in overrides:
+    if key not in param_types:
+      raise ConfigError(f"{ENV_PARAMS}.{key}: env {name!r} has no parameter {key!r}"
+                        f"{did_you_mean(key, param_types)} (it has {', '.join(param_types)})")
+  return {key: parse_text(f"{ENV_PARAMS}.{key}", value, param_types[key]) if isinstance(value, str) else value
+          for key, value in overrides.items()}
 
 
 def _environment(name: str, overrides: dict):
   """(env, env_params) of a pure-JAX environment, or (make_text_env, None) of a host text environment; an
   unknown name or bad params raise ConfigError."""
-  check_one_of("env.name", name, ENV_NAMES)
+  overrides = _typed_env_params(name, overrides)
   try:
     if name in host_envs.REGISTRY:
       host_envs.make_text_env(name, **overrides)
@@ -58,13 +121,25 @@ class Experiment:
   source: RolloutSource
 
 
+def mesh_from_config(section) -> jax.sharding.Mesh:
+  """`mesh_lib.mesh_from_config`, its errors as ConfigError naming the `mesh` settings and the devices."""
+  count = section.get("num_devices", -1)
+  sizes = ", ".join(f"mesh.{axis}={section[axis]}" for axis in mesh_lib.MESH_AXES)
+  if count != -1 and not 1 <= count <= jax.device_count():
+    raise ConfigError(f"mesh.num_devices={count}: must be -1 (all) or 1..{jax.device_count()}, the devices here")
+  try:
+    return mesh_lib.mesh_from_config(section)
+  except ValueError as error:
+    raise ConfigError(f"{sizes}: {error}; set one of them to -1 (the remaining devices)") from error
+
+
 def build_mesh(config, batch_size: int | None = None) -> jax.sharding.Mesh:
   """The mesh of the `mesh` section; `batch_size` (the training batch) must divide over its batch shards.
 
   With `distributed.enabled`, first joins the other processes (jax.distributed); the mesh then spans all of them.
   """
   distributed.initialize(config.distributed)
-  mesh = mesh_lib.mesh_from_config(config.mesh)
+  mesh = mesh_from_config(config.mesh)
   shards = mesh_lib.batch_shards(mesh)
   if batch_size is not None and batch_size % shards:
     raise ConfigError(f"the batch of {batch_size} episodes does not divide over {shards} data x fsdp shards of the "
@@ -83,12 +158,7 @@ def build_experiment(config, rollout: RolloutConfig, mesh: jax.sharding.Mesh,
   if jax.process_count() > 1 and name in host_envs.REGISTRY:
     raise ConfigError(f"env {name!r} is a host text environment, whose rollout is not split over processes yet; "
                       f"run it as one process (any number of local devices)")
-  path = config.model.path or str(bundled_model_dir())
-  tokenizer = transformers.AutoTokenizer.from_pretrained(path)
-  model = load_pretrained(path, mesh=mesh, dtype=config.model.dtype, param_dtype=config.model.param_dtype)
-  if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in model.config.eos_token_ids:
-    model = dataclasses.replace(model, config=dataclasses.replace(
-        model.config, eos_token_ids=model.config.eos_token_ids + (tokenizer.eos_token_id,)))
+  model, tokenizer = load_model(config.model.path, mesh, config.model.dtype, config.model.param_dtype)
   env, env_params = _environment(name, config.env.params.to_dict())
   if name in host_envs.REGISTRY:
     source = TextSource(model=model, tokenizer=tokenizer, vocab=env_text.Vocab(tokenizer).table, make_env=env,

@@ -5,19 +5,15 @@
 
 from __future__ import annotations
 
-import transformers
-
 from ragen_jax import config as config_lib
-from ragen_jax import mesh as mesh_lib
-from ragen_jax.models import bundled_model_dir, load_pretrained
+from ragen_jax.assembly import load_model, mesh_from_config
 from ragen_jax.sampling import generate
 
 
 def chat(config) -> str:
   """Greedy (or sampled) reply to `config.prompt` through the model's chat template."""
-  path = config.model_path or bundled_model_dir()
-  tokenizer = transformers.AutoTokenizer.from_pretrained(path)
-  model = load_pretrained(path, mesh=mesh_lib.mesh_from_config(config.mesh), dtype=config.dtype)
+  model, tokenizer = load_model(config.model_path, mesh_from_config(config.mesh), config.dtype,
+                                key="model_path")
   prompt = tokenizer.apply_chat_template([{"role": "user", "content": config.prompt}], tokenize=True,
                                          add_generation_prompt=True)
   prompt = prompt["input_ids"] if hasattr(prompt, "keys") else prompt

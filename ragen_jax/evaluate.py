@@ -46,6 +46,7 @@ def read_settings(config) -> tuple[list[str], RolloutConfig, TrainConfig]:
   for name in env_names:
     check_model_and_env(config, name)
   config_lib.check("evaluate.k", config.evaluate.k >= 1, "must be >= 1", config.evaluate.k)
+  config_lib.check_workdir(config.workdir)
   return env_names, RolloutConfig(**config.rollout.to_dict()), TrainConfig(**config.train.to_dict())
 
 

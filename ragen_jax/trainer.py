@@ -18,7 +18,7 @@ import numpy as np
 from ragen_jax import mesh as mesh_lib
 from ragen_jax.assembly import Experiment, build_experiment, build_mesh, check_model_and_env
 from ragen_jax.checkpoint import Checkpointer, abstract_like
-from ragen_jax.config import ConfigError, UserError, check
+from ragen_jax.config import ConfigError, UserError, check, check_workdir
 from ragen_jax.diagnostics.alarm import AlarmState, update_alarm
 from ragen_jax.diagnostics.collapse import (CollapseConfig, init_diagnostics_state, make_diagnostics_fn,
                                             make_grad_analysis_fn, without_skipped)
@@ -119,6 +119,7 @@ def read_settings(config) -> Settings:
       early_stop=early_stop.EarlyStopConfig(**config.early_stop.to_dict()), train=TrainConfig(**config.train.to_dict()))
   settings.update_config()  # the sections must also fit together (batch splits)
   check_model_and_env(config)
+  check_workdir(config.workdir)
   return settings
 
 
@@ -277,11 +278,13 @@ class Trainer:
         reason = self._watch(metrics)
         writer.write(self.iteration, metrics)
         if self.rejected_streak >= train.max_rejected_updates:
+          saved = self.checkpointer.steps()
           raise TrainingHalted(
               f"{self.rejected_streak} optimizer steps in a row had a non-finite loss or gradient norm and were not "
               f"applied (train.max_rejected_updates={train.max_rejected_updates}); the weights are those of the last "
-              f"finite step, the newest checkpoint is of iteration {max(self.checkpointer.steps(), default=None)}; "
-              f"lower train.actor_lr or look at update/ metrics in {self.workdir}")
+              f"finite step, " + (f"the newest checkpoint is of iteration {saved[-1]}" if saved else
+                                  "no checkpoint was saved yet") +
+              f"; lower train.actor_lr or look at update/ metrics in {self.workdir}")
         final = train.checkpoint_every > 0 and self.iteration == total  # the final state is always saved
         self.checkpointer.maybe_save(self.iteration, self.state, self.host_state(), force=bool(reason) or final)
         progress.update(1)
@@ -338,8 +341,9 @@ def log_startup(trainer: Trainer) -> None:
     logging.info(line)
 
 
-def write_training_report(trainer: Trainer, metrics: dict[str, float]) -> str:
-  """`report.md` and `report.png` in the workdir (process 0); returns the report's path."""
+def write_training_report(trainer: Trainer, metrics: dict[str, float], halted: TrainingHalted | None = None) -> str:
+  """`report.md` and `report.png` in the workdir (process 0), saying why a `halted` run stopped; returns the
+  report's path."""
   cfg, train_cfg, settings = trainer.exp.config, trainer.settings.train, trainer.settings
   description = [f"Model: {model_source(cfg.model.path)}. {trainer.iteration} of {train_cfg.iterations} iterations "
                  f"of {train_cfg.env_groups} groups x {train_cfg.group_size} episodes, algorithm "
@@ -347,6 +351,8 @@ def write_training_report(trainer: Trainer, metrics: dict[str, float]) -> str:
                  f"validation on {train_cfg.val_episodes} fixed seeds."]
   if metrics.get("early_stop"):
     description.append(f"The run stopped early at iteration {trainer.iteration} (see the log).")
+  if halted:
+    description.append(f"The run halted at iteration {trainer.iteration}: {halted}")
   if trainer.best_val_success >= 0:
     description.append(f"Best validation success: {trainer.best_val_success:.3f}.")
   return training_report(trainer.workdir, f"ragen_jax training report: {cfg.env.name}", description)
@@ -358,7 +364,13 @@ def train(config) -> dict[str, float]:
   log_startup(trainer)
   if trainer.settings.train.resume and trainer.try_resume():
     logging.info("resumed from iteration %d", trainer.iteration)
-  metrics = trainer.run()
+  try:
+    metrics = trainer.run()
+  except TrainingHalted as halted:  # the iterations it logged still get their report; nothing is exported
+    if trainer.is_main:
+      logging.info("report: %s", write_training_report(trainer, {}, halted))
+    trainer.checkpointer.close()
+    raise
   policy = mesh_lib.fetch(trainer.state.policy)  # a gather every process takes part in
   if trainer.is_main:
     export_dir = os.path.join(config.workdir, "final_model")

@@ -57,15 +57,16 @@ def test_paper_configs_build_their_update_settings(arg):
   env_name, preset = arg.split(",")
   assert (config.train.env_groups, config.train.group_size, config.filter.value) == (8, 16, 0.9)
   assert config.rollout.max_turns == (1 if env_name in ("countdown", "math") else 5)
+  config.model.path = "scratch:tiny"  # its placeholder path to the 3B checkpoint is not on this machine
   algorithm = read_settings(config).algorithm
   assert (algorithm.loss.clip_low, algorithm.loss.clip_high, algorithm.loss.entropy_coef) == (0.2, 0.28, 0.001)
   assert algorithm.use_critic == (preset == "ppo") and not algorithm.loss.use_kl_loss
 
 
 def _tiny_config_without_a_model():
-  config = config_lib.load_config_file(os.path.join(ROOT, "configs/tiny_test.py"))
-  config.model.path = "/nonexistent/model"  # loading it would fail with another error
-  return config
+  """The tiny test config; its model (scratch:tiny) is only made once the settings pass, which these tests
+  never reach."""
+  return config_lib.load_config_file(os.path.join(ROOT, "configs/tiny_test.py"))
 
 
 # Every enumerated setting, with the values it allows (written out here, not read from the code).

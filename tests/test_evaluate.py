@@ -58,7 +58,7 @@ def test_evaluation_writes_results_and_builds_no_trainer(replying_model_dir, tmp
 
 def test_every_environment_is_checked_before_the_first_is_evaluated():
   config = load_config_file(os.path.join(ROOT, "configs/tiny_test.py"))
-  config.model.path = "/nonexistent/model"
+  config.model.path = "scratch:tiny"  # never made: the settings fail first
   config.evaluate.envs = "sokoban,sokobn"
   with pytest.raises(ConfigError, match="env.name='sokobn' is not one of"):
     evaluate.main(config)

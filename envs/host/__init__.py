@@ -14,6 +14,9 @@ sandbox (sandbox.py) against the problem's tests; `score_batch` overlaps many
 such steps on a bounded pool.
 """
 
+import inspect
+import typing
+
 from envs.host.base import TextEnv, TextStep, extract_answer, score_batch
 from envs.host.code_exec import CodeEnv
 from envs.host.countdown import CountdownEnv
@@ -29,6 +32,19 @@ def make_text_env(name: str, **config) -> TextEnv:
   return REGISTRY[name](**config)
 
 
+def option_types(name: str) -> dict[str, object]:
+  """The type hint of every keyword `make_text_env(name, ...)` takes: the constructor's named arguments, then
+  the fields of the dataclass its `**options` fill (the env's `OPTIONS`)."""
+  cls = REGISTRY[name]
+  hints = typing.get_type_hints(cls.__init__)
+  types = {arg: hints[arg] for arg in inspect.signature(cls.__init__).parameters if arg in hints}
+  # The dataclass's own fields, not its bases' (tfds' BuilderConfig has name, version, ...): a bare class with
+  # just those annotations, resolved in the dataclass's module.
+  own = type("Own", (), {"__annotations__": dict(vars(cls.OPTIONS)["__annotations__"]),
+                         "__module__": cls.OPTIONS.__module__})
+  return types | typing.get_type_hints(own)
+
+
 __all__ = [
   "REGISTRY",
   "CodeEnv",
@@ -38,5 +54,6 @@ __all__ = [
   "TextStep",
   "extract_answer",
   "make_text_env",
+  "option_types",
   "score_batch",
 ]

@@ -101,6 +101,7 @@ class CodeEnv:
 
   name = "code"
   instruction = INSTRUCTION
+  OPTIONS = SandboxLimits  # the fields `**limits` sets
 
   def __init__(
     self,

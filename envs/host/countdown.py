@@ -43,6 +43,7 @@ class CountdownEnv:
   name = "countdown"
   instruction = INSTRUCTION
   max_turns = 1
+  OPTIONS = datasets.CountdownConfig  # the fields `**generator` sets
 
   def __init__(self, data_dir: str | None = None, **generator):
     """`generator`: `datasets.CountdownConfig` fields (sizes, number/target ranges, seed)."""

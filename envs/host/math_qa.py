@@ -21,6 +21,7 @@ class MathEnv:
   name = "math"
   instruction = INSTRUCTION
   max_turns = 1
+  OPTIONS = datasets.GsmSymbolicConfig  # the fields `**generator` sets (without `path`)
 
   def __init__(
     self,

