@@ -25,7 +25,7 @@ def _tokens_and_masks(vocab, batch=3, length=19):
   return tokens, valid, loss_mask
 
 
-@pytest.mark.parametrize("variant", ["llama_tied_mha", "qwen2_bias"])
+@pytest.mark.parametrize("variant", ["llama_tied_mha", "qwen2_bias", "qwen3_untied"])
 def test_logp_entropy_and_loss_gradient_match_torch(variant, tmp_path):
   hf_model = save_hf_model(variant, tmp_path)
   model = load_pretrained(tmp_path)

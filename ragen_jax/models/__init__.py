@@ -1,4 +1,4 @@
-"""Llama / Qwen2-family transformers: definition, HF and GGUF import/export, sharding."""
+"""Llama / Qwen2 / Qwen3-family transformers: definition, HF and GGUF import/export, sharding."""
 
 from ragen_jax.models.config import ModelConfig
 from ragen_jax.models.gguf_convert import bundled_model_dir

@@ -11,13 +11,16 @@ import jax.numpy as jnp
 _FAMILIES = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",  # dense Qwen3: Qwen2 without q/k/v biases, RMSNorm of each head's q and k
 }
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Hyper-parameters of one Llama/Qwen2-family model (hashable: a static jit arg).
+  """Hyper-parameters of one Llama/Qwen2/Qwen3-family model (hashable: a static jit arg).
+
+  `qk_norm` (Qwen3): an RMSNorm over the head dim of every query and key head, before the rotary embedding.
 
   `rope_scaling` is None or a sorted tuple of (key, value) pairs from HF's dict
   (`rope_type` "llama3" or "linear").
@@ -36,6 +39,7 @@ class ModelConfig:
   rms_norm_eps: float = 1e-5
   tie_word_embeddings: bool = False
   attention_bias: bool = False
+  qk_norm: bool = False
   max_position_embeddings: int = 2048
   bos_token_id: int | None = None
   eos_token_ids: tuple[int, ...] = ()
@@ -93,6 +97,7 @@ class ModelConfig:
         rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         attention_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
+        qk_norm=model_type == "qwen3",
         max_position_embeddings=hf.get("max_position_embeddings", 2048),
         bos_token_id=hf.get("bos_token_id"),
         eos_token_ids=eos_ids,
@@ -129,4 +134,6 @@ class ModelConfig:
       hf["mlp_bias"] = False
     else:
       hf["use_sliding_window"] = False
+    if self.model_type == "qwen3":
+      hf["attention_bias"] = self.attention_bias
     return hf

@@ -30,6 +30,8 @@ _LAYER_TENSORS = {  # our name under "layers" -> (HF suffix, is a Dense kernel)
     ("q_proj", "bias"): ("self_attn.q_proj.bias", False),
     ("k_proj", "bias"): ("self_attn.k_proj.bias", False),
     ("v_proj", "bias"): ("self_attn.v_proj.bias", False),
+    ("q_norm", "scale"): ("self_attn.q_norm.weight", False),  # Qwen3
+    ("k_norm", "scale"): ("self_attn.k_norm.weight", False),
     ("gate_proj", "kernel"): ("mlp.gate_proj.weight", True),
     ("up_proj", "kernel"): ("mlp.up_proj.weight", True),
     ("down_proj", "kernel"): ("mlp.down_proj.weight", True),

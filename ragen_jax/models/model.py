@@ -94,7 +94,7 @@ def _resolve_dtypes(dtype: str, param_dtype: str | None) -> dict:
 
 def load_pretrained(path: str | os.PathLike, mesh: Mesh | None = None, dtype: str = "float32",
                     param_dtype: str | None = None) -> Model:
-  """Loads a local HF Llama/Qwen2 directory onto `mesh` (default: one device).
+  """Loads a local HF Llama/Qwen2/Qwen3 directory onto `mesh` (default: one device).
 
   `dtype` is the compute dtype; `param_dtype` defaults to it.
   """

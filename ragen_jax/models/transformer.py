@@ -1,4 +1,4 @@
-"""Llama / Qwen2 decoder in Flax Linen, applied through pure functions over params.
+"""Llama / Qwen2 / Qwen3 decoder in Flax Linen, applied through pure functions over params.
 
 One block definition is scanned over layers (`nn.scan`), so parameters are
 stacked with a leading `layers` axis. The KV cache is an explicit argument and
@@ -214,6 +214,9 @@ class Block(nn.Module):
     q = _dense(n * h, ("embed", "heads"), cfg, "q_proj", cfg.attention_bias)(y).reshape(b, t, n, h)
     k = _dense(kv * h, ("embed", "kv_heads"), cfg, "k_proj", cfg.attention_bias)(y).reshape(b, t, kv, h)
     v = _dense(kv * h, ("embed", "kv_heads"), cfg, "v_proj", cfg.attention_bias)(y).reshape(b, t, kv, h)
+    if cfg.qk_norm:  # Qwen3: each head's query and key normalised over the head dim, before the rotation
+      q = RMSNorm(cfg.rms_norm_eps, cfg.weight_dtype, name="q_norm")(q)
+      k = RMSNorm(cfg.rms_norm_eps, cfg.weight_dtype, name="k_norm")(k)
     q = apply_rope(q, positions_BT, inv_freq)
     k = apply_rope(k, positions_BT, inv_freq)
     q = constrain(q, ("batch", "length", "act_heads", "head_dim"))

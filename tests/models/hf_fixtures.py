@@ -14,7 +14,12 @@ VARIANTS = {
                                                    "original_max_position_embeddings": 16})),
     "qwen2_bias": ("qwen2", dict(tie_word_embeddings=False, rope_theta=1000000.0, rms_norm_eps=1e-6)),
     "qwen2_tied_mqa": ("qwen2", dict(tie_word_embeddings=True, num_key_value_heads=1)),
+    # head_dim set apart from hidden / heads, as Qwen3's checkpoints do
+    "qwen3_untied": ("qwen3", dict(tie_word_embeddings=False, head_dim=24, rope_theta=1000000.0, rms_norm_eps=1e-6)),
+    "qwen3_tied_mqa": ("qwen3", dict(tie_word_embeddings=True, num_key_value_heads=1)),
 }
+CONFIG_CLASSES = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
+                  "qwen3": transformers.Qwen3Config}
 
 
 def make_hf_model(variant: str, seed: int = 0, **config_overrides):
@@ -23,8 +28,7 @@ def make_hf_model(variant: str, seed: int = 0, **config_overrides):
   A larger `initializer_range` (e.g. 0.3) gives peaked logits, so greedy decoding has no near-ties.
   """
   family, extra = VARIANTS[variant]
-  config_cls = transformers.LlamaConfig if family == "llama" else transformers.Qwen2Config
-  config = config_cls(**{**TINY, **extra, **config_overrides})
+  config = CONFIG_CLASSES[family](**{**TINY, **extra, **config_overrides})
   torch.manual_seed(seed)
   model = transformers.AutoModelForCausalLM.from_config(config).float().eval()
   with torch.no_grad():

@@ -47,9 +47,10 @@ def test_left_padding_matches_transformers(tmp_path):
   assert _max_rel_err(ours[0, 5:], ref[0]) <= 1e-4
 
 
-def test_sharded_logits_equal_single_device(tmp_path):
+@pytest.mark.parametrize("variant", ["llama_untied", "qwen3_untied"])
+def test_sharded_logits_equal_single_device(variant, tmp_path):
   assert jax.device_count() == 8
-  save_hf_model("llama_untied", tmp_path)
+  save_hf_model(variant, tmp_path)
   single = load_pretrained(tmp_path)
   sharded = load_pretrained(tmp_path, mesh=mesh_lib.make_mesh(data=1, fsdp=4, tensor=2))
   kernel = sharded.params["layers"]["gate_proj"]["kernel"]
@@ -60,8 +61,9 @@ def test_sharded_logits_equal_single_device(tmp_path):
                              atol=1e-5, rtol=1e-5)
 
 
-def test_export_round_trip_is_exact_and_loads_in_transformers(tmp_path):
-  hf_model = save_hf_model("qwen2_bias", tmp_path / "src")
+@pytest.mark.parametrize("variant", ["qwen2_bias", "qwen3_untied"])
+def test_export_round_trip_is_exact_and_loads_in_transformers(variant, tmp_path):
+  hf_model = save_hf_model(variant, tmp_path / "src")
   model = load_pretrained(tmp_path / "src")
   model.export(tmp_path / "out")
   again = load_pretrained(tmp_path / "out")
@@ -114,11 +116,13 @@ def test_bfloat16_compute_is_close(tmp_path):
   assert _max_rel_err(np.asarray(model.logits(tokens)), _torch_logits(hf_model, tokens)) <= 5e-2
 
 
-def test_config_round_trip():
-  hf_model = make_hf_model("llama_tied_mha")
+@pytest.mark.parametrize("variant", ["llama_tied_mha", "qwen3_untied"])
+def test_config_round_trip(variant):
+  hf_model = make_hf_model(variant)
   config = ModelConfig.from_hf(hf_model.config.to_dict())
   assert ModelConfig.from_hf(config.to_hf()) == config
-  with pytest.raises(ValueError, match="model_type 'gpt2'"):
+  assert config.qk_norm == variant.startswith("qwen3") and not config.attention_bias
+  with pytest.raises(ValueError, match="model_type 'gpt2' is not supported; use one of \['llama', 'qwen2', 'qwen3'\]"):
     ModelConfig.from_hf({**config.to_hf(), "model_type": "gpt2"})
 
 

@@ -23,7 +23,7 @@ def _hf_greedy(hf_model, prompt, n, **kwargs):
   return out[0, len(prompt):].tolist()
 
 
-@pytest.fixture(scope="module", params=["llama_untied", "qwen2_bias"])
+@pytest.fixture(scope="module", params=["llama_untied", "qwen2_bias", "qwen3_untied"])
 def tiny(request, tmp_path_factory):
   path = tmp_path_factory.mktemp(request.param)
   hf_model = save_hf_model(request.param, path, initializer_range=0.3)
