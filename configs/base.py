@@ -1,7 +1,7 @@
 """Defaults of every training run: RAGEN-2's main settings (SPEC §2, §4, §6).
 
 Other configs start from `get_config()` here and change what they need. The sections
-rollout, train, algorithm, filter, diagnostics and early_stop are declared, defaulted and
+model, rollout, train, algorithm, filter, diagnostics and early_stop are declared, defaulted and
 validated by their dataclasses, next to the code that uses them.
 """
 
@@ -9,6 +9,7 @@ import dataclasses
 
 import ml_collections
 
+from ragen_jax.assembly import ModelSettings
 from ragen_jax.diagnostics.collapse import CollapseConfig
 from ragen_jax.rl.early_stop import EarlyStopConfig
 from ragen_jax.rl.presets import AlgorithmConfig
@@ -27,10 +28,7 @@ def get_config():
   c.seed = 0
   c.workdir = "runs/base"
 
-  c.model = ml_collections.ConfigDict()
-  c.model.path = ""            # local HF directory; "" = the bundled SmolLM2-135M-Instruct
-  c.model.dtype = "float32"    # compute dtype
-  c.model.param_dtype = "float32"
+  c.model = section(ModelSettings)  # path "" = the bundled SmolLM2-135M-Instruct
 
   c.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1, "num_devices": -1})
   # multi-process (ragen_jax.distributed): "", 0 and -1 mean "from RAGEN_COORDINATOR, RAGEN_NUM_PROCESSES and

@@ -19,10 +19,10 @@ from envs import host as host_envs
 from envs import text as env_text
 from ragen_jax import distributed
 from ragen_jax import mesh as mesh_lib
-from ragen_jax.config import ENV_PARAMS, ConfigError, check_one_of, did_you_mean, parse_text
+from ragen_jax.config import ENV_PARAMS, ConfigError, check, check_one_of, did_you_mean, parse_text
 from ragen_jax.finite import first_nonfinite
 from ragen_jax.models import CheckpointError, Model, bundled_model_dir, load_pretrained
-from ragen_jax.models.config import DTYPES
+from ragen_jax.models.config import DTYPES, REMAT
 from ragen_jax.models.gguf_convert import bundled_tokenizer_dir
 from ragen_jax.models.hf_io import check_model_dir
 from ragen_jax.models.scratch import SCRATCH_TINY, tiny_model
@@ -32,12 +32,40 @@ from ragen_jax.rollout.source import DeviceSource, RolloutSource, TextSource
 ENV_NAMES = tuple(envs.REGISTRY) + tuple(host_envs.REGISTRY)
 
 
-def check_model_and_env(config, env_name: str | None = None) -> None:
-  """Validates the `model` section and the environment `env_name` (default `env.name`) with `env.params`."""
-  check_one_of("model.dtype", config.model.dtype, DTYPES)
-  check_one_of("model.param_dtype", config.model.param_dtype, DTYPES)
-  check_model_path(config.model.path)
+@dataclasses.dataclass(frozen=True)
+class ModelSettings:
+  """The `model` config section: the checkpoint (`path`: a local HF directory, "" the bundled
+  SmolLM2-135M-Instruct, `scratch:tiny` the built-in tiny random model) and how it is computed: `dtype`
+  (compute), `param_dtype` (weights and optimizer state), `remat` (what the learner's and scorer's backward
+  keeps of each layer: none, full, dots) and `logits_chunk` (tokens per block of the LM head when scoring;
+  0: all at once). See `models.config.ModelConfig`."""
+
+  path: str = ""
+  dtype: str = "float32"
+  param_dtype: str = "float32"
+  remat: str = "none"
+  logits_chunk: int = 0
+
+  def __post_init__(self):
+    check_one_of("model.dtype", self.dtype, DTYPES)
+    check_one_of("model.param_dtype", self.param_dtype, DTYPES)
+    check_one_of("model.remat", self.remat, REMAT)
+    check("model.logits_chunk", self.logits_chunk >= 0, "must be >= 0 (0: the whole sequence at once)",
+          self.logits_chunk)
+
+  def computation(self) -> dict:
+    """The `ModelConfig` fields these settings fix (everything but the path)."""
+    return {"dtype": self.dtype, "param_dtype": self.param_dtype, "remat": self.remat,
+            "logits_chunk": self.logits_chunk}
+
+
+def check_model_and_env(config, env_name: str | None = None) -> ModelSettings:
+  """Validates the `model` section and the environment `env_name` (default `env.name`) with `env.params`;
+  returns the model settings."""
+  settings = ModelSettings(**config.model.to_dict())
+  check_model_path(settings.path)
   _environment(config.env.name if env_name is None else env_name, config.env.params.to_dict())
+  return settings
 
 
 def check_model_path(path: str, key: str = "model.path") -> None:
@@ -53,19 +81,19 @@ def check_model_path(path: str, key: str = "model.path") -> None:
     raise ConfigError(f"{key}={path!r}: {error}") from error
 
 
-def load_model(path: str, mesh: jax.sharding.Mesh, dtype: str, param_dtype: str | None = None,
-               key: str = "model.path") -> tuple[Model, object]:
+def load_model(path: str, mesh: jax.sharding.Mesh, key: str = "model.path", **computation) -> tuple[Model, object]:
   """(model on `mesh`, tokenizer) of `path`: a local HF directory, "" for the bundled SmolLM2-135M-Instruct, or
-  `scratch:tiny` (`models.scratch.tiny_model` with the bundled tokenizer). Loaded weights must be finite."""
+  `scratch:tiny` (`models.scratch.tiny_model` with the bundled tokenizer). `computation`: `ModelConfig` fields
+  (`ModelSettings.computation`). Loaded weights must be finite."""
   check_model_path(path, key)
   if path == SCRATCH_TINY:
     tokenizer = transformers.AutoTokenizer.from_pretrained(bundled_tokenizer_dir())
-    model = tiny_model(tokenizer, mesh, dtype, param_dtype)
+    model = tiny_model(tokenizer, mesh, **computation)
   else:
     directory = path or str(bundled_model_dir())
     tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
     try:
-      model = load_pretrained(directory, mesh=mesh, dtype=dtype, param_dtype=param_dtype)
+      model = load_pretrained(directory, mesh=mesh, **computation)
     except CheckpointError as error:
       raise ConfigError(f"{key}={path!r}: {error}") from error
     bad = first_nonfinite(model.params)
@@ -158,7 +186,8 @@ def build_experiment(config, rollout: RolloutConfig, mesh: jax.sharding.Mesh,
   if jax.process_count() > 1 and name in host_envs.REGISTRY:
     raise ConfigError(f"env {name!r} is a host text environment, whose rollout is not split over processes yet; "
                       f"run it as one process (any number of local devices)")
-  model, tokenizer = load_model(config.model.path, mesh, config.model.dtype, config.model.param_dtype)
+  settings = ModelSettings(**config.model.to_dict())
+  model, tokenizer = load_model(settings.path, mesh, **settings.computation())
   env, env_params = _environment(name, config.env.params.to_dict())
   if name in host_envs.REGISTRY:
     source = TextSource(model=model, tokenizer=tokenizer, vocab=env_text.Vocab(tokenizer).table, make_env=env,

@@ -12,8 +12,8 @@ from ragen_jax.sampling import generate
 
 def chat(config) -> str:
   """Greedy (or sampled) reply to `config.prompt` through the model's chat template."""
-  model, tokenizer = load_model(config.model_path, mesh_from_config(config.mesh), config.dtype,
-                                key="model_path")
+  model, tokenizer = load_model(config.model_path, mesh_from_config(config.mesh), key="model_path",
+                                dtype=config.dtype, param_dtype=config.dtype)
   prompt = tokenizer.apply_chat_template([{"role": "user", "content": config.prompt}], tokenize=True,
                                          add_generation_prompt=True)
   prompt = prompt["input_ids"] if hasattr(prompt, "keys") else prompt

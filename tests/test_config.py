@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from ragen_jax import config as config_lib
+from ragen_jax.assembly import ModelSettings
 from ragen_jax.diagnostics.collapse import CollapseConfig
 from ragen_jax.rl.early_stop import EarlyStopConfig
 from ragen_jax.rl.presets import AlgorithmConfig
@@ -143,7 +144,7 @@ def test_config_files_hold_valid_settings(name):
 
 def test_base_config_takes_its_defaults_from_the_section_dataclasses():
   config = config_lib.load_config_file(os.path.join(ROOT, "configs/base.py"))
-  for section, config_class in [("rollout", RolloutConfig), ("train", TrainConfig), ("algorithm", AlgorithmConfig),
+  for section, config_class in [("model", ModelSettings), ("rollout", RolloutConfig), ("train", TrainConfig), ("algorithm", AlgorithmConfig),
                                 ("filter", FilterConfig), ("diagnostics", CollapseConfig),
                                 ("early_stop", EarlyStopConfig)]:
     assert config[section].to_dict() == dataclasses.asdict(config_class()), section

@@ -51,8 +51,10 @@ def tensorboard_texts(run_dir) -> dict[str, list[int]]:
 
 def test_training_iterations_log_checkpoint_and_export(replying_model_dir, tmp_path, caplog):
   caplog.set_level(logging.INFO)
+  # the learner and scorer rematerialise each layer and score the LM head in blocks, as the paper configs do
   final = train(_config(replying_model_dir, tmp_path, **{"train.iterations": 3, "algorithm.preset": "grpo",
-                                                         "diagnostics.compute_freq": 2}))
+                                                         "diagnostics.compute_freq": 2, "model.remat": "full",
+                                                         "model.logits_chunk": 16}))
   rows = read_metrics(str(tmp_path))
   assert [r["step"] for r in rows] == [1, 2, 3]
   # the MI diagnostics ran at steps 1 and 3; step 2 logs no placeholder for them
@@ -73,7 +75,7 @@ def test_training_iterations_log_checkpoint_and_export(replying_model_dir, tmp_p
   count = sum(x.size for x in jax.tree.leaves(load_file(str(replying_model_dir / "model.safetensors"))))
   said = caplog.text
   for line in (f"model: {replying_model_dir}\n", f"; {count:,} parameters", "devices: 8 cpu in 1 process(es); mesh "
-               "data=8 x fsdp=1 x tensor=1 over 8 of them", "run: 3 iterations of 2 groups x 4 sokoban episodes",
+               "data=8 x fsdp=1 x tensor=1 over 8 of them", "run: 3 iterations of 2 groups x 4 sokoban episodes", "remat full, LM head in blocks of 16 tokens",
                "compiling: iteration 1"):
     assert line in said, line
   assert f"Total: {count:,}" in (tmp_path / "parameters.txt").read_text()

@@ -14,6 +14,7 @@ _FAMILIES = {
     "qwen3": "Qwen3ForCausalLM",  # dense Qwen3: Qwen2 without q/k/v biases, RMSNorm of each head's q and k
 }
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+REMAT = ("none", "full", "dots")  # what the backward keeps of each scanned layer (`transformer.remat_policy`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,6 +22,11 @@ class ModelConfig:
   """Hyper-parameters of one Llama/Qwen2/Qwen3-family model (hashable: a static jit arg).
 
   `qk_norm` (Qwen3): an RMSNorm over the head dim of every query and key head, before the rotary embedding.
+
+  How it is computed, not what it is (never written to config.json): `dtype` / `param_dtype`; `remat`, what the
+  backward keeps of each scanned layer (`none`: every activation; `full`: only the layer's input, the rest
+  recomputed; `dots`: the matmul outputs); `logits_chunk`, tokens per block of the LM head when scoring
+  (`scoring.token_logp_and_entropy`; 0: the whole sequence at once), so no [T, vocab] logits exist at once.
 
   `rope_scaling` is None or a sorted tuple of (key, value) pairs from HF's dict
   (`rope_type` "llama3" or "linear").
@@ -46,6 +52,8 @@ class ModelConfig:
   pad_token_id: int | None = None
   dtype: str = "float32"
   param_dtype: str = "float32"
+  remat: str = "none"
+  logits_chunk: int = 0
 
   def __post_init__(self):
     if self.model_type not in _FAMILIES:
@@ -55,6 +63,10 @@ class ModelConfig:
     for name in ("dtype", "param_dtype"):
       if getattr(self, name) not in DTYPES:
         raise ValueError(f"{name}={getattr(self, name)!r}; use one of {sorted(DTYPES)}")
+    if self.remat not in REMAT:
+      raise ValueError(f"remat={self.remat!r}; use one of {REMAT}")
+    if self.logits_chunk < 0:
+      raise ValueError(f"logits_chunk={self.logits_chunk} must be >= 0 (0: no chunks)")
     if self.rope_scaling is not None:
       rope_type = dict(self.rope_scaling).get("rope_type", dict(self.rope_scaling).get("type"))
       if rope_type not in ("llama3", "linear", "default"):

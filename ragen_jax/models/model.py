@@ -93,12 +93,13 @@ def _resolve_dtypes(dtype: str, param_dtype: str | None) -> dict:
 
 
 def load_pretrained(path: str | os.PathLike, mesh: Mesh | None = None, dtype: str = "float32",
-                    param_dtype: str | None = None) -> Model:
+                    param_dtype: str | None = None, **computation) -> Model:
   """Loads a local HF Llama/Qwen2/Qwen3 directory onto `mesh` (default: one device).
 
-  `dtype` is the compute dtype; `param_dtype` defaults to it.
+  `dtype` is the compute dtype; `param_dtype` defaults to it. `computation`: other `ModelConfig` fields that
+  config.json does not hold (remat, logits_chunk).
   """
-  config = ModelConfig.from_hf(hf_io.read_hf_config(path), **_resolve_dtypes(dtype, param_dtype))
+  config = ModelConfig.from_hf(hf_io.read_hf_config(path), **_resolve_dtypes(dtype, param_dtype), **computation)
   mesh = mesh or mesh_lib.single_device_mesh()
   params = hf_io.load_params(path, config, abstract_params(config), param_shardings(config, mesh))
   return Model(config=config, params=params, mesh=mesh)

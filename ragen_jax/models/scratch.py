@@ -35,7 +35,8 @@ def save_scratch_model(tokenizer, out_dir: str | os.PathLike, seed: int = 0, **d
   return config
 
 
-def tiny_model(tokenizer, mesh: Mesh, dtype: str = "float32", param_dtype: str | None = None, seed: int = 0) -> Model:
-  """The `scratch:tiny` model for `tokenizer`: 2 layers, hidden 64, random weights (seed 0), made on `mesh`."""
-  config = dataclasses.replace(scratch_config(tokenizer, **TINY_DIMS), dtype=dtype, param_dtype=param_dtype or dtype)
+def tiny_model(tokenizer, mesh: Mesh, seed: int = 0, **computation) -> Model:
+  """The `scratch:tiny` model for `tokenizer`: 2 layers, hidden 64, random weights (seed 0), made on `mesh`;
+  `computation`: `ModelConfig` fields such as dtype and remat."""
+  config = dataclasses.replace(scratch_config(tokenizer, **TINY_DIMS), **computation)
   return Model(config=config, params=init_params(config, jax.random.key(seed), mesh), mesh=mesh)

@@ -242,6 +242,12 @@ class Block(nn.Module):
     return (constrain(x_BTD, ("batch", "length", "act_embed")), cache_kv), None
 
 
+def remat_policy(remat: str):
+  """The `jax.checkpoint` policy of `ModelConfig.remat` ("none": None, no rematerialisation)."""
+  return {"none": None, "full": jax.checkpoint_policies.nothing_saveable,
+          "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}[remat]
+
+
 class Transformer(nn.Module):
   """Decoder-only LM. `__call__` returns final hidden states (and the updated cache).
 
@@ -257,8 +263,11 @@ class Transformer(nn.Module):
     self.embed_tokens = nn.Embed(
         cfg.vocab_size, cfg.hidden_size, dtype=cfg.compute_dtype, param_dtype=cfg.weight_dtype,
         embedding_init=nn.with_logical_partitioning(nn.initializers.normal(0.02), ("vocab", "embed")))
+    # With remat, the backward recomputes what a layer does not save from its input (forward-only calls, the
+    # sampler's, run the same ops: a checkpoint only changes what differentiation keeps).
+    block = Block if cfg.remat == "none" else nn.remat(Block, policy=remat_policy(cfg.remat), prevent_cse=False)
     self.layers = nn.scan(
-        Block, variable_axes={"params": 0}, split_rngs={"params": True},
+        block, variable_axes={"params": 0}, split_rngs={"params": True},
         in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.num_layers,
         metadata_params={nn.PARTITION_NAME: "layers"})(cfg)
     self.norm = RMSNorm(cfg.rms_norm_eps, cfg.weight_dtype)

@@ -1,0 +1,88 @@
+"""Learner memory: what rematerialisation (`model.remat`) and the chunked LM head (`model.logits_chunk`) save.
+
+  .venv/bin/python bench/memory.py [--tokens 2600 --smollm-tokens 128 --repeats 2]
+
+(a) The compiler's memory plan (`compiled.memory_analysis()`, nothing allocated: abstract parameters) of the
+    learner's gradient, `jax.grad` of a loss over `scoring.token_logp_and_entropy`, at Qwen2.5-3B's shapes
+    (bf16 compute, f32 weights), one sequence of `--tokens` tokens (a 5-turn paper episode is ~2,600), for
+    remat none / dots / full with the LM head whole or in blocks of 512 tokens.
+(b) The same step run on this machine at SmolLM2-135M's shapes (random weights, one sequence of
+    `--smollm-tokens`): temporaries and step time per remat policy, as ratios to `none` in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from bench.common import timed  # noqa: E402
+from ragen_jax.models import ModelConfig, init_params  # noqa: E402
+from ragen_jax.models.model import abstract_params  # noqa: E402
+from ragen_jax.scoring import token_logp_and_entropy  # noqa: E402
+
+QWEN25_3B = ModelConfig(vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_layers=36, num_heads=16,
+                        num_kv_heads=2, head_dim=128, model_type="qwen2", attention_bias=True,
+                        tie_word_embeddings=True, rope_theta=1000000.0, dtype="bfloat16", param_dtype="float32")
+SMOLLM2_135M = ModelConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
+                           num_kv_heads=3, head_dim=64, tie_word_embeddings=True, rope_theta=100000.0)
+GIB = 2**30
+
+
+def loss(config, params, tokens_BT, valid_BT):
+  """A learner-like loss: the sampled tokens' log-probs and an entropy bonus."""
+  logp, entropy = token_logp_and_entropy(config, params, tokens_BT, valid_BT)
+  return jnp.sum(logp) + 0.001 * jnp.sum(entropy)
+
+
+def compiled_step(config, params, tokens: int):
+  rows = (jax.ShapeDtypeStruct((1, tokens), jnp.int32), jax.ShapeDtypeStruct((1, tokens), bool))
+  return jax.jit(jax.grad(loss, argnums=1), static_argnums=0).lower(config, params, *rows).compile()
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--tokens", type=int, default=2600)
+  parser.add_argument("--smollm-tokens", type=int, default=128)
+  parser.add_argument("--repeats", type=int, default=2)
+  args = parser.parse_args()
+  print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; {jax.devices()[0].platform}")
+
+  print(f"\n(a) Qwen2.5-3B learner gradient, 1 x {args.tokens} tokens, compiler's plan "
+        f"(parameters {sum(x.size for x in jax.tree.leaves(abstract_params(QWEN25_3B))) * 4 / GIB:.1f} GiB f32, "
+        f"gradients as much)")
+  params = abstract_params(QWEN25_3B)
+  baseline = None
+  for remat in ("none", "dots", "full"):
+    for chunk in (0, 512):
+      temp = compiled_step(dataclasses.replace(QWEN25_3B, remat=remat, logits_chunk=chunk), params,
+                           args.tokens).memory_analysis().temp_size_in_bytes
+      baseline = baseline or temp
+      print(f"  remat={remat:<4s} LM head {'whole' if not chunk else f'in {chunk}-token blocks':<20s} "
+            f"temporaries {temp / GIB:7.2f} GiB = {temp / baseline:5.3f}x none/whole", flush=True)
+
+  print(f"\n(b) SmolLM2-135M learner gradient, 1 x {args.smollm_tokens} tokens, run here (best of {args.repeats})")
+  params = init_params(SMOLLM2_135M, jax.random.key(0))
+  tokens = jax.random.randint(jax.random.key(1), (1, args.smollm_tokens), 0, SMOLLM2_135M.vocab_size)
+  valid = jnp.ones_like(tokens, bool)
+  baseline = None
+  for remat in ("none", "dots", "full"):
+    config = dataclasses.replace(SMOLLM2_135M, remat=remat)
+    temp = compiled_step(config, params, args.smollm_tokens).memory_analysis().temp_size_in_bytes
+    step = jax.jit(jax.grad(loss, argnums=1), static_argnums=0)
+    jax.block_until_ready(step(config, params, tokens, valid))  # compile
+    seconds, _ = timed(lambda: step(config, params, tokens, valid), repeats=args.repeats)
+    baseline = baseline or (temp, seconds)
+    print(f"  remat={remat:<4s} temporaries {temp / 2**20:8.1f} MiB = {temp / baseline[0]:5.3f}x none; "
+          f"step {seconds:6.2f} s = {seconds / baseline[1]:5.2f}x none", flush=True)
+  print("  (LoRA: not implemented yet)")
+
+
+if __name__ == "__main__":
+  main()
