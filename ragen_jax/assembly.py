@@ -38,20 +38,27 @@ class ModelSettings:
   SmolLM2-135M-Instruct, `scratch:tiny` the built-in tiny random model) and how it is computed: `dtype`
   (compute), `param_dtype` (weights and optimizer state), `remat` (what the learner's and scorer's backward
   keeps of each layer: none, full, dots) and `logits_chunk` (tokens per block of the LM head when scoring;
-  0: all at once). See `models.config.ModelConfig`."""
+  0: all at once). See `models.config.ModelConfig`. `ref_dtype`: the weights of the frozen reference model (the
+  KL loss's), "" = `dtype`; bfloat16 halves a float32 copy."""
 
   path: str = ""
   dtype: str = "float32"
   param_dtype: str = "float32"
   remat: str = "none"
   logits_chunk: int = 0
+  ref_dtype: str = ""
 
   def __post_init__(self):
     check_one_of("model.dtype", self.dtype, DTYPES)
     check_one_of("model.param_dtype", self.param_dtype, DTYPES)
     check_one_of("model.remat", self.remat, REMAT)
+    check_one_of("model.ref_dtype", self.ref_dtype, ("", *DTYPES))
     check("model.logits_chunk", self.logits_chunk >= 0, "must be >= 0 (0: the whole sequence at once)",
           self.logits_chunk)
+
+  @property
+  def reference_dtype(self) -> str:
+    return self.ref_dtype or self.dtype
 
   def computation(self) -> dict:
     """The `ModelConfig` fields these settings fix (everything but the path)."""

@@ -16,12 +16,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from ragen_jax import mesh as mesh_lib
-from ragen_jax.assembly import Experiment, build_experiment, build_mesh, check_model_and_env
+from ragen_jax.assembly import Experiment, ModelSettings, build_experiment, build_mesh, check_model_and_env
 from ragen_jax.checkpoint import Checkpointer, abstract_like
 from ragen_jax.config import ConfigError, UserError, check, check_workdir
 from ragen_jax.diagnostics.alarm import AlarmState, update_alarm
 from ragen_jax.diagnostics.collapse import (CollapseConfig, init_diagnostics_state, make_diagnostics_fn,
                                             make_grad_analysis_fn, without_skipped)
+from ragen_jax.models.config import DTYPES
 from ragen_jax.models.model import abstract_params, param_shardings
 from ragen_jax.report.startup import model_source, startup_lines, write_parameter_table
 from ragen_jax.report.summary import training_report
@@ -86,6 +87,7 @@ class TrainConfig:
 class Settings:
   """Every training section of a config as its validated dataclass, and the update they make."""
 
+  model: ModelSettings
   rollout: RolloutConfig
   algorithm: AlgorithmConfig
   filter: FilterConfig
@@ -112,7 +114,7 @@ def read_settings(config) -> Settings:
   rollout = RolloutConfig(**config.rollout.to_dict())
   diagnostics = CollapseConfig(**config.diagnostics.to_dict())
   settings = Settings(
-      rollout=rollout, algorithm=AlgorithmConfig(**config.algorithm.to_dict()),
+      model=ModelSettings(**config.model.to_dict()), rollout=rollout, algorithm=AlgorithmConfig(**config.algorithm.to_dict()),
       filter=FilterConfig(**config.filter.to_dict()),
       diagnostics=dataclasses.replace(diagnostics, max_reasoning_tokens=min(diagnostics.max_reasoning_tokens,
                                                                             rollout.max_new_tokens)),
@@ -138,6 +140,16 @@ def initial_state(exp: Experiment, update: update_lib.UpdateConfig, seed: int) -
   return mesh_lib.put_replicated_if_elsewhere(state, exp.mesh)
 
 
+def reference_params(params, dtype: str):
+  """The frozen reference model's weights: the loaded ones themselves, or a copy cast to `dtype` in the same
+  shardings (a bfloat16 reference of float32 weights costs half a copy)."""
+  target = DTYPES[dtype]
+  if all(x.dtype == target for x in jax.tree.leaves(params)):
+    return params
+  shardings = jax.tree.map(lambda x: x.sharding, params)
+  return jax.jit(lambda tree: jax.tree.map(lambda x: x.astype(target), tree), out_shardings=shardings)(params)
+
+
 class TrainingHalted(UserError):
   """Too many optimizer steps in a row were rejected as non-finite; the weights are those of the last good one."""
 
@@ -150,7 +162,8 @@ class Trainer:
     self.workdir = exp.config.workdir
     self.is_main = jax.process_index() == 0
     self.state = initial_state(exp, self.update_config, exp.config.seed)
-    self.ref_params = exp.model.params if settings.algorithm.use_kl_loss else None
+    self.ref_params = (reference_params(exp.model.params, settings.model.reference_dtype)
+                       if settings.algorithm.use_kl_loss else None)
     self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"), settings.train.checkpoint_every,
                                      settings.train.max_to_keep)
     self.iteration = 0

@@ -7,7 +7,9 @@ import math
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from PIL import Image
 from safetensors.numpy import load_file
@@ -54,9 +56,11 @@ def test_training_iterations_log_checkpoint_and_export(replying_model_dir, tmp_p
   # the learner and scorer rematerialise each layer and score the LM head in blocks, as the paper configs do
   final = train(_config(replying_model_dir, tmp_path, **{"train.iterations": 3, "algorithm.preset": "grpo",
                                                          "diagnostics.compute_freq": 2, "model.remat": "full",
-                                                         "model.logits_chunk": 16}))
+                                                         "model.logits_chunk": 16, "algorithm.use_kl_loss": True,
+                                                         "model.ref_dtype": "bfloat16"}))
   rows = read_metrics(str(tmp_path))
   assert [r["step"] for r in rows] == [1, 2, 3]
+  assert all(math.isfinite(r["update/kl_loss"]) for r in rows)  # against the bfloat16 reference
   # the MI diagnostics ran at steps 1 and 3; step 2 logs no placeholder for them
   assert ["collapse/trajectory/mi_zscore" in r for r in rows] == [True, False, True]
   assert [r["collapse/computed"] for r in rows] == [1.0, 0.0, 1.0]
@@ -248,3 +252,24 @@ def test_training_with_a_limited_context_window(replying_model_dir, tmp_path):
   assert later_turns.any() and (np.asarray(traj.visible_from)[later_turns] > 1).all()
   metrics = trainer.train_iteration()
   assert all(math.isfinite(v) for v in metrics.values())
+
+
+def test_optimizer_states_and_a_bfloat16_reference_follow_the_parameters_shardings(replying_model_dir, tmp_path):
+  config = _config(replying_model_dir, tmp_path, **{"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2,
+                                                    "algorithm.use_kl_loss": True, "model.ref_dtype": "bfloat16"})
+  trainer = Trainer.create(config)  # PPO: policy and critic, each with its Adam moments
+  trainer.checkpointer.close()
+  policy, critic = trainer.state.policy, trainer.state.critic
+  assert policy["layers"]["gate_proj"]["kernel"].sharding.spec == jax.sharding.PartitionSpec(None, "fsdp", "tensor")
+  adams = [(s, params) for opt, params in ((trainer.state.policy_opt, policy), (trainer.state.critic_opt, critic))
+           for s in jax.tree.leaves(opt, is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState))
+           if isinstance(s, optax.ScaleByAdamState)]
+  assert len(adams) == 2
+  for adam, params in adams:
+    for moment in (adam.mu, adam.nu):
+      for (path, m), p in zip(jax.tree_util.tree_flatten_with_path(moment)[0], jax.tree.leaves(params)):
+        assert m.sharding.is_equivalent_to(p.sharding, m.ndim), jax.tree_util.keystr(path)  # never replicated
+  for (path, ref), p in zip(jax.tree_util.tree_flatten_with_path(trainer.ref_params)[0],
+                            jax.tree.leaves(trainer.exp.model.params)):
+    assert ref.dtype == jnp.bfloat16 and ref.sharding.is_equivalent_to(p.sharding, ref.ndim), jax.tree_util.keystr(path)
+    np.testing.assert_array_equal(np.asarray(ref), np.asarray(p.astype(jnp.bfloat16)))
