@@ -23,15 +23,13 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from bench.common import timed  # noqa: E402
-from ragen_jax.models import ModelConfig, init_params  # noqa: E402
+from ragen_jax.models import init_params  # noqa: E402
 from ragen_jax.models.model import abstract_params  # noqa: E402
+from ragen_jax.models.shapes import shape_config  # noqa: E402
 from ragen_jax.scoring import token_logp_and_entropy  # noqa: E402
 
-QWEN25_3B = ModelConfig(vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_layers=36, num_heads=16,
-                        num_kv_heads=2, head_dim=128, model_type="qwen2", attention_bias=True,
-                        tie_word_embeddings=True, rope_theta=1000000.0, dtype="bfloat16", param_dtype="float32")
-SMOLLM2_135M = ModelConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
-                           num_kv_heads=3, head_dim=64, tie_word_embeddings=True, rope_theta=100000.0)
+QWEN25_3B = shape_config("qwen2.5-3b", dtype="bfloat16", param_dtype="float32")
+SMOLLM2_135M = shape_config("smollm2-135m")
 GIB = 2**30
 
 
