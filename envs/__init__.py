@@ -24,16 +24,18 @@ REGISTRY: dict[str, type[Environment]] = {
 }
 
 
-def make(name: str, **overrides):
-  """(env, params) for a registered environment; overrides replace default params."""
+def _new(name: str) -> Environment:
   if name not in REGISTRY:
     raise ValueError(f"unknown environment {name!r}; known: {sorted(REGISTRY)}")
-  env = REGISTRY[name]()
+  return REGISTRY[name]()
+
+
+def make(name: str, **overrides):
+  """(env, params) for a registered environment; overrides replace default params."""
+  env = _new(name)
   return env, env.make_params(**overrides)
 
 
 def param_types(name: str) -> dict[str, object]:
   """The type hint of every parameter of environment `name` (the names `make(name, **overrides)` takes)."""
-  if name not in REGISTRY:
-    raise ValueError(f"unknown environment {name!r}; known: {sorted(REGISTRY)}")
-  return typing.get_type_hints(type(REGISTRY[name]().default_params()))
+  return typing.get_type_hints(type(_new(name).default_params()))

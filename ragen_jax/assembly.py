@@ -66,13 +66,10 @@ class ModelSettings:
             "logits_chunk": self.logits_chunk}
 
 
-def check_model_and_env(config, env_name: str | None = None) -> ModelSettings:
-  """Validates the `model` section and the environment `env_name` (default `env.name`) with `env.params`;
-  returns the model settings."""
-  settings = ModelSettings(**config.model.to_dict())
-  check_model_path(settings.path)
+def check_model_and_env(config, env_name: str | None = None) -> None:
+  """Validates the `model` section and the environment `env_name` (default `env.name`) with `env.params`."""
+  check_model_path(ModelSettings(**config.model.to_dict()).path)
   _environment(config.env.name if env_name is None else env_name, config.env.params.to_dict())
-  return settings
 
 
 def check_model_path(path: str, key: str = "model.path") -> None:

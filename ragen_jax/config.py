@@ -95,11 +95,10 @@ def parse_text(key: str, text: str, hint):
   """`text` (a command-line value) as the type `hint` says: int, float, bool, str, `X | None` ("none"), or a
   tuple of those ("7,7" or "(7, 7)"). Raises ConfigError naming `key` when it does not parse."""
   origin, args = typing.get_origin(hint), typing.get_args(hint)
-  if origin in (typing.Union, types.UnionType) and type(None) in args:
+  if origin in (typing.Union, types.UnionType) and len(args) == 2 and type(None) in args:
     if text.strip().lower() in ("none", "null"):
       return None
-    (hint,) = [a for a in args if a is not type(None)]
-    return parse_text(key, text, hint)
+    return parse_text(key, text, next(a for a in args if a is not type(None)))
   if origin is tuple:
     parts = [p.strip() for p in text.strip().strip("()[]").split(",") if p.strip()]
     element_hints = [args[0]] * len(parts) if len(args) == 2 and args[1] is Ellipsis else list(args)

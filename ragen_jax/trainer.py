@@ -114,7 +114,8 @@ def read_settings(config) -> Settings:
   rollout = RolloutConfig(**config.rollout.to_dict())
   diagnostics = CollapseConfig(**config.diagnostics.to_dict())
   settings = Settings(
-      model=ModelSettings(**config.model.to_dict()), rollout=rollout, algorithm=AlgorithmConfig(**config.algorithm.to_dict()),
+      model=ModelSettings(**config.model.to_dict()), rollout=rollout,
+      algorithm=AlgorithmConfig(**config.algorithm.to_dict()),
       filter=FilterConfig(**config.filter.to_dict()),
       diagnostics=dataclasses.replace(diagnostics, max_reasoning_tokens=min(diagnostics.max_reasoning_tokens,
                                                                             rollout.max_new_tokens)),

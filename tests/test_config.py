@@ -144,7 +144,7 @@ def test_config_files_hold_valid_settings(name):
 
 def test_base_config_takes_its_defaults_from_the_section_dataclasses():
   config = config_lib.load_config_file(os.path.join(ROOT, "configs/base.py"))
-  for section, config_class in [("model", ModelSettings), ("rollout", RolloutConfig), ("train", TrainConfig), ("algorithm", AlgorithmConfig),
-                                ("filter", FilterConfig), ("diagnostics", CollapseConfig),
-                                ("early_stop", EarlyStopConfig)]:
+  for section, config_class in [("model", ModelSettings), ("rollout", RolloutConfig), ("train", TrainConfig),
+                                ("algorithm", AlgorithmConfig), ("filter", FilterConfig),
+                                ("diagnostics", CollapseConfig), ("early_stop", EarlyStopConfig)]:
     assert config[section].to_dict() == dataclasses.asdict(config_class()), section

@@ -107,7 +107,8 @@ def test_every_user_mistake_ends_in_one_line_error(small_model_dir, tmp_path):
   no_get_config.write_text("SETTINGS = {}\n")
   a_file = tmp_path / "a_file"
   a_file.write_text("")
-  base = ["--config=configs/tiny_test.py", f"--config.model.path={small_model_dir}", "--config.logging.tensorboard=False"]
+  base = ["--config=configs/tiny_test.py", f"--config.model.path={small_model_dir}",
+          "--config.logging.tensorboard=False"]
   train_cases = [  # (overrides, what the error line says); each case in its own workdir
       (["--config.algorithm.preset=ppo2"], "algorithm.preset='ppo2' is not one of 'ppo', 'grpo', 'dapo', 'drgrpo'"),
       (["--config.env.name=sokobon"], "env.name='sokobon' is not one of 'sokoban', 'frozenlake', 'bandit', "

@@ -318,7 +318,7 @@ def bundled_model_dir(cache_root: os.PathLike | str | None = None) -> pathlib.Pa
 
 
 def bundled_tokenizer_dir(cache_root: os.PathLike | str | None = None) -> pathlib.Path:
-  """The bundled SmolLM2-135M-Instruct's tokenizer alone (with its chat template), written on first call in a
+  """The bundled SmolLM2-135M-Instruct's tokenizer alone (with its chat template), written on first call in
   about two seconds: no tensors are read."""
   cache_root = pathlib.Path(cache_root) if cache_root is not None else default_cache_root()
   return _cached(cache_root / f"{BUNDLED_DIR_NAME}-tokenizer", convert_gguf_tokenizer)

@@ -68,7 +68,12 @@ def _has_chat_template(path: Path) -> bool:
   if any((path / name).is_file() for name in CHAT_TEMPLATE_FILES):
     return True
   tokenizer_config = path / "tokenizer_config.json"
-  return tokenizer_config.is_file() and bool(json.loads(tokenizer_config.read_text()).get("chat_template"))
+  if not tokenizer_config.is_file():
+    return False
+  try:
+    return bool(json.loads(tokenizer_config.read_text()).get("chat_template"))
+  except json.JSONDecodeError as error:
+    raise CheckpointError(f"{tokenizer_config.name} is not valid JSON: {error}") from error
 
 
 def _training_run_hint(path: Path) -> str | None:
@@ -84,8 +89,8 @@ def _training_run_hint(path: Path) -> str | None:
   return None
 
 
-def check_model_dir(path: str | os.PathLike) -> ModelConfig:
-  """The config of the model directory `path`, after checking what loading needs (before any tensor is read).
+def check_model_dir(path: str | os.PathLike) -> None:
+  """Checks that the model directory `path` holds what loading needs, before any tensor is read.
 
   Raises CheckpointError saying what is wrong and what to give instead (the caller names the path): a missing
   path, a file, a training run or Orbax checkpoint in place of an HF directory, no or an unsupported
@@ -104,7 +109,7 @@ def check_model_dir(path: str | os.PathLike) -> ModelConfig:
   if not (path / "config.json").is_file():
     raise CheckpointError("no config.json: not a Hugging Face model directory")
   try:
-    config = ModelConfig.from_hf(read_hf_config(path))
+    ModelConfig.from_hf(read_hf_config(path))
   except KeyError as error:
     raise CheckpointError(f"config.json lacks the key {error}") from error
   except (TypeError, ValueError) as error:  # CheckpointError (not JSON) is a ValueError
@@ -118,7 +123,6 @@ def check_model_dir(path: str | os.PathLike) -> ModelConfig:
     raise CheckpointError(f"the tokenizer has no chat template (tokenizer_config.json 'chat_template' or "
                           f"{' / '.join(CHAT_TEMPLATE_FILES)}), which renders every prompt; use the instruct "
                           f"model's tokenizer files")
-  return config
 
 
 def tensor_files(path: str | os.PathLike) -> dict[str, Path]:

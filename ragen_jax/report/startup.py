@@ -40,8 +40,8 @@ def startup_lines(exp, parameter_table: str | None = None) -> list[str]:
   mesh = " x ".join(f"{axis}={size}" for axis, size in exp.mesh.shape.items())
   return [f"model: {model_source(exp.config.model.path)}",
           f"  {model.model_type}, {model.num_layers} layers, hidden {model.hidden_size}, {model.num_heads} heads "
-          f"({model.num_kv_heads} KV), vocab {model.vocab_size}; {count:,} parameters ({exp.config.model.param_dtype}, "
-          f"computing in {exp.config.model.dtype}; remat {model.remat}, LM head "
+          f"({model.num_kv_heads} KV), vocab {model.vocab_size}; {count:,} parameters ({model.param_dtype}, "
+          f"computing in {model.dtype}; remat {model.remat}, LM head "
           f"{f'in blocks of {model.logits_chunk} tokens' if model.logits_chunk else 'unchunked'})"
           + (f"; table in {parameter_table}" if parameter_table else ""),
           f"devices: {len(devices)} {devices[0].platform}{f' ({kinds})' if kinds else ''} in {jax.process_count()} "
