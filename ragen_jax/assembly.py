@@ -22,9 +22,11 @@ from ragen_jax import mesh as mesh_lib
 from ragen_jax.config import ENV_PARAMS, ConfigError, check, check_one_of, did_you_mean, parse_text
 from ragen_jax.finite import first_nonfinite
 from ragen_jax.models import CheckpointError, Model, bundled_model_dir, load_pretrained
+from ragen_jax.models import lora as lora_lib
 from ragen_jax.models.config import DTYPES, REMAT
 from ragen_jax.models.gguf_convert import bundled_tokenizer_dir
 from ragen_jax.models.hf_io import check_model_dir
+from ragen_jax.models.model import adapter_params
 from ragen_jax.models.scratch import SCRATCH_TINY, tiny_model
 from ragen_jax.rollout.episodes import RolloutConfig, build_assets
 from ragen_jax.rollout.source import DeviceSource, RolloutSource, TextSource
@@ -39,7 +41,9 @@ class ModelSettings:
   (compute), `param_dtype` (weights and optimizer state), `remat` (what the learner's and scorer's backward
   keeps of each layer: none, full, dots) and `logits_chunk` (tokens per block of the LM head when scoring;
   0: all at once). See `models.config.ModelConfig`. `ref_dtype`: the weights of the frozen reference model (the
-  KL loss's), "" = `dtype`; bfloat16 halves a float32 copy."""
+  KL loss's), "" = `dtype`; bfloat16 halves a float32 copy. `lora` (`models.lora.LoraConfig`, rank 0: off): train
+  LoRA adapters only, the base weights frozen and shared with the reference; `adapters`: a PEFT adapter directory
+  (a run's `final_adapters/`) to start from instead of fresh adapters."""
 
   path: str = ""
   dtype: str = "float32"
@@ -47,8 +51,14 @@ class ModelSettings:
   remat: str = "none"
   logits_chunk: int = 0
   ref_dtype: str = ""
+  lora: lora_lib.LoraConfig = lora_lib.LoraConfig()
+  adapters: str = ""
 
   def __post_init__(self):
+    if isinstance(self.lora, dict):  # the section as a ConfigDict hands it over
+      object.__setattr__(self, "lora", lora_lib.LoraConfig(**self.lora))
+    check("model.adapters", not self.adapters or self.lora.rank > 0, "needs LoRA (set model.lora.rank and the "
+          "alpha and targets the adapters were trained with)", self.adapters)
     check_one_of("model.dtype", self.dtype, DTYPES)
     check_one_of("model.param_dtype", self.param_dtype, DTYPES)
     check_one_of("model.remat", self.remat, REMAT)
@@ -63,12 +73,19 @@ class ModelSettings:
   def computation(self) -> dict:
     """The `ModelConfig` fields these settings fix (everything but the path)."""
     return {"dtype": self.dtype, "param_dtype": self.param_dtype, "remat": self.remat,
-            "logits_chunk": self.logits_chunk}
+            "logits_chunk": self.logits_chunk, "lora": self.lora if self.lora.rank else None}
 
 
 def check_model_and_env(config, env_name: str | None = None) -> None:
-  """Validates the `model` section and the environment `env_name` (default `env.name`) with `env.params`."""
-  check_model_path(ModelSettings(**config.model.to_dict()).path)
+  """Validates the `model` section (and the adapter directory it names) and the environment `env_name` (default
+  `env.name`) with `env.params`."""
+  settings = ModelSettings(**config.model.to_dict())
+  check_model_path(settings.path)
+  if settings.adapters:
+    try:
+      lora_lib.check_adapter_dir(settings.adapters, settings.lora)
+    except CheckpointError as error:
+      raise ConfigError(f"model.adapters={settings.adapters!r}: {error}") from error
   _environment(config.env.name if env_name is None else env_name, config.env.params.to_dict())
 
 
@@ -85,25 +102,30 @@ def check_model_path(path: str, key: str = "model.path") -> None:
     raise ConfigError(f"{key}={path!r}: {error}") from error
 
 
-def load_model(path: str, mesh: jax.sharding.Mesh, key: str = "model.path", **computation) -> tuple[Model, object]:
+def load_model(path: str, mesh: jax.sharding.Mesh, key: str = "model.path", adapters: str = "",
+               **computation) -> tuple[Model, object]:
   """(model on `mesh`, tokenizer) of `path`: a local HF directory, "" for the bundled SmolLM2-135M-Instruct, or
   `scratch:tiny` (`models.scratch.tiny_model` with the bundled tokenizer). `computation`: `ModelConfig` fields
-  (`ModelSettings.computation`). Loaded weights must be finite."""
+  (`ModelSettings.computation`); with `lora` the model carries the adapters of the PEFT directory `adapters`, or
+  fresh ones. Loaded weights must be finite."""
   check_model_path(path, key)
-  if path == SCRATCH_TINY:
-    tokenizer = transformers.AutoTokenizer.from_pretrained(bundled_tokenizer_dir())
-    model = tiny_model(tokenizer, mesh, **computation)
-  else:
-    directory = path or str(bundled_model_dir())
-    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
-    try:
-      model = load_pretrained(directory, mesh=mesh, **computation)
-    except CheckpointError as error:
-      raise ConfigError(f"{key}={path!r}: {error}") from error
-    bad = first_nonfinite(model.params)
-    if bad:
-      raise ConfigError(f"{key}={path!r}: the weights in {directory} hold NaN or infinite values (first in {bad}); the "
-                        f"checkpoint is damaged")
+  try:
+    if path == SCRATCH_TINY:
+      tokenizer = transformers.AutoTokenizer.from_pretrained(bundled_tokenizer_dir())
+      model = tiny_model(tokenizer, mesh, **computation)
+      if adapters:
+        base = lora_lib.split(model.config, model.params)[0]
+        model = dataclasses.replace(model, params=lora_lib.combine(base, adapter_params(model.config, mesh, adapters)))
+    else:
+      directory = path or str(bundled_model_dir())
+      tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+      model = load_pretrained(directory, mesh=mesh, adapters=adapters, **computation)
+  except CheckpointError as error:
+    raise ConfigError(f"{key}={path!r}{f' with adapters {adapters!r}' if adapters else ''}: {error}") from error
+  bad = first_nonfinite(model.params)
+  if bad:
+    raise ConfigError(f"{key}={path!r}: the weights hold NaN or infinite values (first in {bad}); the checkpoint is "
+                      f"damaged")
   if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in model.config.eos_token_ids:
     model = dataclasses.replace(model, config=dataclasses.replace(
         model.config, eos_token_ids=model.config.eos_token_ids + (tokenizer.eos_token_id,)))
@@ -191,7 +213,7 @@ def build_experiment(config, rollout: RolloutConfig, mesh: jax.sharding.Mesh,
     raise ConfigError(f"env {name!r} is a host text environment, whose rollout is not split over processes yet; "
                       f"run it as one process (any number of local devices)")
   settings = ModelSettings(**config.model.to_dict())
-  model, tokenizer = load_model(settings.path, mesh, **settings.computation())
+  model, tokenizer = load_model(settings.path, mesh, adapters=settings.adapters, **settings.computation())
   env, env_params = _environment(name, config.env.params.to_dict())
   if name in host_envs.REGISTRY:
     source = TextSource(model=model, tokenizer=tokenizer, vocab=env_text.Vocab(tokenizer).table, make_env=env,

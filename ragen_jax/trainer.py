@@ -22,8 +22,9 @@ from ragen_jax.config import ConfigError, UserError, check, check_workdir
 from ragen_jax.diagnostics.alarm import AlarmState, update_alarm
 from ragen_jax.diagnostics.collapse import (CollapseConfig, init_diagnostics_state, make_diagnostics_fn,
                                             make_grad_analysis_fn, without_skipped)
+from ragen_jax.models import lora
 from ragen_jax.models.config import DTYPES
-from ragen_jax.models.model import abstract_params, param_shardings
+from ragen_jax.models.model import abstract_params, adapter_params, param_shardings
 from ragen_jax.report.startup import model_source, startup_lines, write_parameter_table
 from ragen_jax.report.summary import training_report
 from ragen_jax.report.transcripts import decode_episodes, first_episodes
@@ -127,15 +128,20 @@ def read_settings(config) -> Settings:
 
 
 def initial_state(exp: Experiment, update: update_lib.UpdateConfig, seed: int) -> update_lib.TrainState:
-  """Policy from the checkpoint, critic = policy trunk + zero value head, fresh optimizers."""
+  """Policy from the checkpoint, critic = policy trunk + zero value head, fresh optimizers. With LoRA the state
+  holds the trained parts only (`lora.split`): the policy's adapters, and the critic's own fresh adapters and value
+  head over the same frozen base."""
+  config = exp.model.config
   copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))
-  policy = copy(exp.model.params)
+  base, trainable = lora.split(config, exp.model.params)
+  policy = copy(trainable)
   critic = None
   if update.algorithm.use_critic:
-    abstract = abstract_params(exp.model.config, with_value_head=True)["value_head"]
-    shardings = param_shardings(exp.model.config, exp.mesh, with_value_head=True)["value_head"]
+    abstract = abstract_params(config, with_value_head=True)["value_head"]
+    shardings = param_shardings(config, exp.mesh, with_value_head=True)["value_head"]
     value_head = jax.tree.map(lambda a, s: jax.device_put(jnp.zeros(a.shape, a.dtype), s), abstract, shardings)
-    critic = {**copy(exp.model.params), "value_head": value_head}
+    trunk = copy(exp.model.params) if base is None else adapter_params(config, exp.mesh, seed=seed + 1)
+    critic = {**trunk, "value_head": value_head}
   diagnostics = None if update.diagnostics_fn is None else init_diagnostics_state(update.diagnostics_fn.cfg)
   state = update_lib.init_train_state(update, policy, jax.random.PRNGKey(seed), critic, diagnostics)
   return mesh_lib.put_replicated_if_elsewhere(state, exp.mesh)
@@ -163,7 +169,9 @@ class Trainer:
     self.workdir = exp.config.workdir
     self.is_main = jax.process_index() == 0
     self.state = initial_state(exp, self.update_config, exp.config.seed)
-    self.ref_params = (reference_params(exp.model.params, settings.model.reference_dtype)
+    self.base = lora.split(exp.model.config, exp.model.params)[0]  # frozen weights under LoRA adapters, or None
+    frozen = exp.model.params if self.base is None else self.base  # the reference: the base with adapters off
+    self.ref_params = (reference_params(frozen, settings.model.reference_dtype)
                        if settings.algorithm.use_kl_loss else None)
     self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"), settings.train.checkpoint_every,
                                      settings.train.max_to_keep)
@@ -187,10 +195,14 @@ class Trainer:
     return cls(build_experiment(config, settings.rollout, mesh), settings)
 
   # ---- phases -------------------------------------------------------------
+  def policy_params(self) -> dict:
+    """All the current policy's params (with LoRA, the frozen base and the trained adapters in one tree)."""
+    return lora.combine(self.base, self.state.policy)
+
   def validation_rollout(self) -> Trajectories:
     """One episode per fixed validation seed, with the same sampling key every time."""
     seeds = self.settings.train.val_seeds()
-    return self.exp.source.run(self.state.policy, seeds, np.arange(len(seeds)),
+    return self.exp.source.run(self.policy_params(), seeds, np.arange(len(seeds)),
                                jax.random.PRNGKey(self.settings.train.val_seed_start), split="validation")
 
   def validate(self) -> dict[str, float]:
@@ -226,12 +238,13 @@ class Trainer:
       clock = now
       return result
 
-    traj = finish("rollout", exp.source.run(self.state.policy, seeds, group_ids, key))
+    traj = finish("rollout", exp.source.run(self.policy_params(), seeds, group_ids, key))
     with jax.set_mesh(exp.mesh):
-      scores = finish("scoring", update_lib.score(model_config, update, self.state, self.ref_params, traj))
+      scores = finish("scoring", update_lib.score(model_config, update, self.state, self.ref_params, traj, self.base))
       self.state, diag_metrics = finish("diagnostics", update_lib.diagnose(model_config, update, self.state, traj,
-                                                                           scores))
-      self.state, metrics = finish("update", update_lib.learn(model_config, update, self.state, traj, scores))
+                                                                           scores, self.base))
+      self.state, metrics = finish("update", update_lib.learn(model_config, update, self.state, traj, scores,
+                                                              self.base))
       metrics = without_skipped(mesh_lib.fetch(diag_metrics | metrics), self.settings.diagnostics)
     tail = int(metrics.pop("rejected_tail"))
     self.rejected_streak = tail if metrics["num_updates"] > 0 else self.rejected_streak + tail
@@ -242,6 +255,18 @@ class Trainer:
     return out
 
   # ---- persistence ----------------------------------------------------------
+  def export_policy(self, out_dir: str) -> None:
+    """Writes the policy as a transformers-loadable directory (LoRA adapters merged) and, with LoRA, the adapters
+    alone in PEFT's layout to `out_dir`'s sibling `final_adapters/` (a gather: call it from every process)."""
+    policy = mesh_lib.fetch(self.policy_params())
+    if not self.is_main:
+      return
+    model = dataclasses.replace(self.exp.model, params=policy)
+    model.export(out_dir, self.exp.tokenizer)
+    if model.config.lora is not None:
+      lora.save_adapters(model.config, policy, os.path.join(os.path.dirname(out_dir), "final_adapters"),
+                         base_model=self.exp.config.model.path)
+
   def host_state(self) -> dict:
     return {"iteration": self.iteration, "early_stop": self.stop_state.to_dict(),
             "alarm": self.alarm_state.to_dict(), "best_val_success": self.best_val_success,
@@ -385,10 +410,8 @@ def train(config) -> dict[str, float]:
       logging.info("report: %s", write_training_report(trainer, {}, halted))
     trainer.checkpointer.close()
     raise
-  policy = mesh_lib.fetch(trainer.state.policy)  # a gather every process takes part in
+  trainer.export_policy(os.path.join(config.workdir, "final_model"))  # a gather every process takes part in
   if trainer.is_main:
-    export_dir = os.path.join(config.workdir, "final_model")
-    dataclasses.replace(trainer.exp.model, params=policy).export(export_dir, trainer.exp.tokenizer)
     dump_json(json_ready(metrics), os.path.join(config.workdir, "final_metrics.json"))
     logging.info("report: %s", write_training_report(trainer, metrics))
   trainer.checkpointer.close()

@@ -18,6 +18,7 @@ from tensorboardX.proto import event_pb2
 from ragen_jax.checkpoint import Checkpointer, RestoreError, abstract_like
 from ragen_jax.config import ConfigError, load_config_file
 from ragen_jax.finite import first_nonfinite
+from ragen_jax.models import forward_logits, load_pretrained
 from ragen_jax.report.summary import training_report
 from ragen_jax.report.writer import read_metrics
 from ragen_jax.rl import update as update_lib
@@ -217,14 +218,17 @@ def test_non_finite_updates_are_rejected_never_saved_and_halt_the_run(replying_m
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
-# The collapse diagnostics run sharded in one of the two (their numbers: tests/diagnostics/test_cross_scoring.py).
-@pytest.mark.parametrize("preset,diagnostics", [("ppo", True), ("grpo", False)])
-def test_sharded_update_equals_single_device(replying_model_dir, tmp_path, preset, diagnostics):
+# The collapse diagnostics run sharded in one of them (their numbers: tests/diagnostics/test_cross_scoring.py); the
+# LoRA case trains adapters of policy and critic against the base as KL reference.
+@pytest.mark.parametrize("preset,diagnostics,lora_rank", [("ppo", True, 0), ("grpo", False, 0), ("ppo", False, 4)])
+def test_sharded_update_equals_single_device(replying_model_dir, tmp_path, preset, diagnostics, lora_rank):
   results = []
   for shape in ((1, 1, 1), (2, 2, 2)):
     config = _config(replying_model_dir, tmp_path / str(shape), **{"algorithm.preset": preset,
                                                                    "filter.enabled": False,
-                                                                   "diagnostics.enabled": diagnostics})
+                                                                   "diagnostics.enabled": diagnostics,
+                                                                   "algorithm.use_kl_loss": bool(lora_rank)})
+    config.model.lora.rank = lora_rank
     config.mesh.data, config.mesh.fsdp, config.mesh.tensor = shape
     config.mesh.num_devices = int(np.prod(shape))
     trainer = Trainer.create(config)
@@ -237,7 +241,7 @@ def test_sharded_update_equals_single_device(replying_model_dir, tmp_path, prese
     results.append((metrics, jax.device_get(trainer.state.policy)))
   (m1, p1), (m8, p8) = results
   assert m1["train/score"] == m8["train/score"]
-  for key in ("update/pg_loss", "update/grad_norm", "update/policy_entropy"):
+  for key in ("update/pg_loss", "update/grad_norm", "update/policy_entropy") + ("update/kl_loss",) * bool(lora_rank):
     np.testing.assert_allclose(m1[key], m8[key], rtol=2e-4, atol=1e-6, err_msg=key)
   # Adam's first step is about lr * sign(grad): float noise in a near-zero gradient moves a weight by up
   # to 2 * lr (1e-3 here), so the bound is a tenth of one step.
@@ -274,3 +278,45 @@ def test_optimizer_states_and_a_bfloat16_reference_follow_the_parameters_shardin
                             jax.tree.leaves(trainer.exp.model.params)):
     assert ref.dtype == jnp.bfloat16 and ref.sharding.is_equivalent_to(p.sharding, ref.ndim), jax.tree_util.keystr(path)
     np.testing.assert_array_equal(np.asarray(ref), np.asarray(p.astype(jnp.bfloat16)))
+
+
+def test_lora_trains_and_saves_the_adapters_only_over_a_shared_frozen_base(replying_model_dir, tmp_path):
+  config = _config(replying_model_dir, tmp_path, **{"filter.enabled": False, "algorithm.use_kl_loss": True,
+                                                    "train.val_every": 0})  # PPO: a critic too
+  config.model.lora.rank, config.model.lora.alpha = 4, 8.0
+  config.diagnostics.grad_analysis = True
+  trainer = Trainer.create(config)
+  model_config = trainer.exp.model.config
+  base_before = jax.device_get(trainer.base)
+  # the KL reference is the base itself (same arrays, adapters off), not a copy
+  assert all(r is b for r, b in zip(jax.tree.leaves(trainer.ref_params), jax.tree.leaves(trainer.base)))
+  paths = lambda tree: [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]  # noqa: E731
+  assert paths(trainer.state.policy) and all("_lora']" in p for p in paths(trainer.state.policy))
+  assert {p.split("]")[0] for p in paths(trainer.state.critic)} == {"['layers'", "['value_head'"}
+  adam = [s for s in jax.tree.leaves(trainer.state.policy_opt, is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState))
+          if isinstance(s, optax.ScaleByAdamState)][0]
+  assert paths(adam.mu) == paths(trainer.state.policy)  # moments of the adapters, none of the base
+  rows = [trainer.train_iteration() for _ in range(2)]
+  trainer.iteration = 2
+  assert all(row["update/num_updates"] > 0 for row in rows)
+  # the first mini-batch scores fresh adapters (b = 0): exactly the reference; later ones drift from it
+  assert 0.0 < rows[0]["update/kl_loss"] < rows[1]["update/kl_loss"]
+  assert rows[0]["grad_analysis/bucket_0/task_grad_norm"] > 0.0
+  for before, after in zip(jax.tree.leaves(base_before), jax.tree.leaves(trainer.base)):
+    np.testing.assert_array_equal(before, np.asarray(after))  # frozen
+  assert all(np.any(np.asarray(v["b"])) for v in trainer.state.policy["layers"].values())  # trained from zero
+
+  trainer.checkpointer.maybe_save(2, trainer.state, trainer.host_state(), force=True)
+  _, restored, _ = trainer.checkpointer.restore_latest(abstract_like(trainer.state))
+  assert paths(restored.policy) == paths(trainer.state.policy)
+  trainer.checkpointer.close()
+  trainer.export_policy(str(tmp_path / "final_model"))
+  tokens = np.asarray(trainer.exp.source.run(trainer.policy_params(), np.arange(8), np.repeat(np.arange(2), 4),
+                                             jax.random.PRNGKey(0)).tokens)
+  adapted = np.asarray(forward_logits(model_config, trainer.policy_params(), tokens))
+  merged = load_pretrained(tmp_path / "final_model")  # the merged export: a plain checkpoint
+  assert merged.config.lora is None
+  np.testing.assert_allclose(np.asarray(merged.logits(tokens)), adapted, rtol=1e-4, atol=1e-4)
+  reloaded = load_pretrained(replying_model_dir, lora=model_config.lora, adapters=tmp_path / "final_adapters")
+  for a, b in zip(jax.tree.leaves(reloaded.params), jax.tree.leaves(trainer.policy_params())):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

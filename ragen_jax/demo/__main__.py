@@ -14,18 +14,16 @@ import os
 from ragen_jax import config as config_lib
 from ragen_jax.demo.demonstrations import READING_KEYS
 from ragen_jax.demo.stages import check_settings, demo_report, log, reinforce, warm_start
-from ragen_jax.models.hf_io import export_hf
 
 
 def run(config):
   env_names = config.demo.envs.split(",")
   check_settings(config, env_names)
-  sft_dir, tokenizer, demo_success = warm_start(config, env_names)
+  sft_dir, _, demo_success = warm_start(config, env_names)
   results = {}
   for name in env_names:
     trainer, start, final = reinforce(config, name, sft_dir, os.path.join(config.workdir, name))
-    export_hf(trainer.state.policy, trainer.exp.model.config, os.path.join(trainer.workdir, "final_model"),
-              tokenizer)
+    trainer.export_policy(os.path.join(trainer.workdir, "final_model"))
     results[name] = {"sft_val_success": start["val/success"], "final_val_success": final["val/success"],
                      "gain": final["val/gain"], "gain_se": final["val/gain_se"],
                      "best_val_success": trainer.best_val_success, "demo_success": demo_success[name],

@@ -25,6 +25,7 @@ from ragen_jax.diagnostics import cross_scoring as xs
 from ragen_jax.diagnostics.grad_buckets import (BUCKET_MODES, assign_buckets, bucket_episode_masks,
                                                 bucket_grad_norms, bucket_ranges)
 from ragen_jax.diagnostics.mi import MARGINAL_CONVENTIONS, ZscoreEMA, apply_zscore_emas, mi_metrics_from_scores
+from ragen_jax.models import lora
 from ragen_jax.models.config import ModelConfig
 from ragen_jax.rl import snr_filter
 from ragen_jax.rl.losses import PolicyLossConfig, actor_loss
@@ -216,7 +217,8 @@ def without_skipped(metrics: dict, cfg: CollapseConfig) -> dict:
 @dataclasses.dataclass(frozen=True)
 class GradAnalysis:
   """The update's `grad_analysis_fn(model_config, policy_params, batch, old_logp_BT, advantages_BT, loss_mask_BT,
-  ref_logp_BT, scores_G, step) -> metrics`, hashable by its settings.
+  ref_logp_BT, scores_G, step, base=None) -> metrics`, hashable by its settings. Gradients are taken with respect to
+  `policy_params`, the trained params (with LoRA, the adapters over the frozen `base`).
 
   Groups with any token in `loss_mask_BT` are split into `cfg.num_buckets` buckets by
   `scores_G` (the filter score: reward variance or std); per bucket k the actor loss
@@ -259,7 +261,7 @@ class GradAnalysis:
       terms["kl"] = loss_cfg.kl_coef * aux["kl_loss"]
     return terms
 
-  def _analyse(self, model_config, policy_params, batch, old_logp_BT, advantages_BT, loss_mask_BT, ref_logp_BT,
+  def _analyse(self, model_config, base, policy_params, batch, old_logp_BT, advantages_BT, loss_mask_BT, ref_logp_BT,
                scores_G):
     cfg, num_groups = self.cfg, self.num_groups
     group_has_tokens_G = jax.ops.segment_max(jnp.any(loss_mask_BT, axis=1).astype(jnp.int32), batch.group_ids,
@@ -268,8 +270,8 @@ class GradAnalysis:
                               edges=cfg.bucket_edges or None, group_mask=group_has_tokens_G)
     masks_KB = bucket_episode_masks(bucket_G, batch.group_ids, cfg.num_buckets)
     norms = bucket_grad_norms(
-        lambda p, m: self._loss_terms(model_config, p, batch, old_logp_BT, advantages_BT, loss_mask_BT, ref_logp_BT,
-                                      m),
+        lambda p, m: self._loss_terms(model_config, lora.combine(base, p), batch, old_logp_BT, advantages_BT,
+                                      loss_mask_BT, ref_logp_BT, m),
         policy_params, masks_KB)
     reward_std_G = snr_filter.group_scores(batch.score, batch.group_ids, num_groups, metric="std")
     low_K, high_K, count_K = bucket_ranges(reward_std_G, bucket_G, cfg.num_buckets)
@@ -282,14 +284,14 @@ class GradAnalysis:
     return metrics
 
   def __call__(self, model_config: ModelConfig, policy_params, batch: Trajectories, old_logp_BT, advantages_BT,
-               loss_mask_BT, ref_logp_BT, scores_G, step):
+               loss_mask_BT, ref_logp_BT, scores_G, step, base=None):
     if batch.batch_size % self.micro_batch_size:
       raise ValueError(f"micro_batch_size {self.micro_batch_size} must divide the batch of {batch.batch_size} "
                        f"episodes")
     if self.loss_cfg.use_kl_loss and ref_logp_BT is None:
       raise ValueError("the KL term's gradient needs ref_logp_BT (use_kl_loss is on)")
     args = (policy_params, batch, old_logp_BT, advantages_BT, loss_mask_BT, ref_logp_BT, scores_G)
-    analyse = functools.partial(self._analyse, model_config)
+    analyse = functools.partial(self._analyse, model_config, base)
     return _every_nth_step(self.cfg.compute_freq, step, analyse, lambda shapes, *_: _zeros_like_tree(shapes), *args)
 
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax.numpy as jnp
+
+if TYPE_CHECKING:
+  from ragen_jax.models.lora import LoraConfig
 
 # HF `model_type` / `architectures` we read and write.
 _FAMILIES = {
@@ -26,7 +29,8 @@ class ModelConfig:
   How it is computed, not what it is (never written to config.json): `dtype` / `param_dtype`; `remat`, what the
   backward keeps of each scanned layer (`none`: every activation; `full`: only the layer's input, the rest
   recomputed; `dots`: the matmul outputs); `logits_chunk`, tokens per block of the LM head when scoring
-  (`scoring.token_logp_and_entropy`; 0: the whole sequence at once), so no [T, vocab] logits exist at once.
+  (`scoring.token_logp_and_entropy`; 0: the whole sequence at once), so no [T, vocab] logits exist at once;
+  `lora`, None or the LoRA adapters (`models.lora.LoraConfig`, rank >= 1) every layer's targeted projections carry.
 
   `rope_scaling` is None or a sorted tuple of (key, value) pairs from HF's dict
   (`rope_type` "llama3" or "linear").
@@ -54,6 +58,7 @@ class ModelConfig:
   param_dtype: str = "float32"
   remat: str = "none"
   logits_chunk: int = 0
+  lora: LoraConfig | None = None
 
   def __post_init__(self):
     if self.model_type not in _FAMILIES:
@@ -67,6 +72,8 @@ class ModelConfig:
       raise ValueError(f"remat={self.remat!r}; use one of {REMAT}")
     if self.logits_chunk < 0:
       raise ValueError(f"logits_chunk={self.logits_chunk} must be >= 0 (0: no chunks)")
+    if self.lora is not None and self.lora.rank < 1:
+      raise ValueError(f"lora rank {self.lora.rank}: a config with adapters needs rank >= 1 (no adapters: None)")
     if self.rope_scaling is not None:
       rope_type = dict(self.rope_scaling).get("rope_type", dict(self.rope_scaling).get("type"))
       if rope_type not in ("llama3", "linear", "default"):

@@ -150,6 +150,11 @@ def _hf_tensor_plan(config: ModelConfig, param_path: tuple[str, ...]) -> tuple[l
   return _GLOBAL_TENSORS[param_path]
 
 
+def hf_layer_tensor(config: ModelConfig, module: str) -> list[str]:
+  """The HF names, one per layer, of the weight of layer module `module` (`q_proj`, ..., `down_proj`)."""
+  return _hf_tensor_plan(config, ("layers", module, "kernel"))[0]
+
+
 class _LazyTensors:
   """Open safetensors files; reads named slices on demand."""
 

@@ -13,7 +13,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ragen_jax import mesh as mesh_lib
-from ragen_jax.models import hf_io
+from ragen_jax.models import hf_io, lora
 from ragen_jax.models.config import ModelConfig
 from ragen_jax.models.partitioning import param_specs as _boxed_param_specs
 from ragen_jax.models.transformer import Transformer
@@ -51,6 +51,19 @@ def init_params(config: ModelConfig, key, mesh: Mesh | None = None, with_value_h
   return init(key)
 
 
+def adapter_params(config: ModelConfig, mesh: Mesh, path: str | os.PathLike = "", seed: int = 0) -> dict:
+  """The LoRA adapters of `config` on `mesh`: read from the PEFT directory `path` (`lora.save_adapters`), or fresh
+  (`b` = 0: the adapted model equals the base; `a` random from `seed`)."""
+  abstract = lora.split(config, abstract_params(config))[1]
+  shardings = lora.split(config, param_shardings(config, mesh))[1]
+  if path:
+    return lora.load_adapters(path, config, abstract, shardings)
+  # only the adapters are outputs: the compiler drops the base weights' initialisation
+  init = jax.jit(lambda k: lora.split(config, nn.unbox(_init_variables(config, False, k))["params"])[1],
+                 out_shardings=shardings)
+  return init(jax.random.key(seed))
+
+
 @functools.partial(jax.jit, static_argnames=("config",))
 def forward_logits(config: ModelConfig, params, tokens_BT, valid_BT=None):
   """float32 logits [B, T, V] of a full (left- or right-padded) batch, no cache."""
@@ -84,8 +97,8 @@ class Model:
       return forward_logits(self.config, self.params, tokens, valid)
 
   def export(self, out_dir, tokenizer=None):
-    """Writes a transformers-loadable HF directory."""
-    return hf_io.export_hf(self.params, self.config, out_dir, tokenizer)
+    """Writes a transformers-loadable HF directory (LoRA adapters merged into the weights they adapt)."""
+    return hf_io.export_hf(lora.merge(self.config, self.params), lora.without(self.config), out_dir, tokenizer)
 
 
 def _resolve_dtypes(dtype: str, param_dtype: str | None) -> dict:
@@ -93,13 +106,17 @@ def _resolve_dtypes(dtype: str, param_dtype: str | None) -> dict:
 
 
 def load_pretrained(path: str | os.PathLike, mesh: Mesh | None = None, dtype: str = "float32",
-                    param_dtype: str | None = None, **computation) -> Model:
+                    param_dtype: str | None = None, adapters: str | os.PathLike = "", **computation) -> Model:
   """Loads a local HF Llama/Qwen2/Qwen3 directory onto `mesh` (default: one device).
 
   `dtype` is the compute dtype; `param_dtype` defaults to it. `computation`: other `ModelConfig` fields that
-  config.json does not hold (remat, logits_chunk).
+  config.json does not hold (remat, logits_chunk, lora). With `lora`, the model carries adapters: those of the PEFT
+  directory `adapters`, or fresh ones (`adapter_params`).
   """
   config = ModelConfig.from_hf(hf_io.read_hf_config(path), **_resolve_dtypes(dtype, param_dtype), **computation)
   mesh = mesh or mesh_lib.single_device_mesh()
-  params = hf_io.load_params(path, config, abstract_params(config), param_shardings(config, mesh))
+  base = lora.without(config)
+  params = hf_io.load_params(path, base, abstract_params(base), param_shardings(base, mesh))
+  if config.lora is not None:
+    params = lora.combine(params, adapter_params(config, mesh, adapters))
   return Model(config=config, params=params, mesh=mesh)

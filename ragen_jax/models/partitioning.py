@@ -23,6 +23,7 @@ LOGICAL_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("layers", None),
     ("norm", None),
     ("value", None),
+    ("lora_rank", None),
     # activations
     ("batch", ("data", "fsdp")),
     ("length", None),

@@ -118,6 +118,37 @@ def _dense(features, axes, config: ModelConfig, name, use_bias=False):
       bias_init=nn.with_logical_partitioning(nn.initializers.zeros, axes[1:]), name=name)
 
 
+class LoraAdapter(nn.Module):
+  """The LoRA update `scale * (x a) b` of a projection with logical axes `axes` (`models.lora`): `a` [in, r] is
+  sharded like the kernel's input axis, `b` [r, out] (zeros at init) like its output axis."""
+
+  rank: int
+  features: int
+  axes: tuple[str, str]
+  scale: float
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_ND):
+    cfg = self.config
+    init_a = nn.initializers.variance_scaling(1 / 3, "fan_in", "uniform")  # PEFT's kaiming_uniform(a=sqrt(5))
+    a = self.param("a", nn.with_logical_partitioning(init_a, (self.axes[0], "lora_rank")),
+                   (x_ND.shape[-1], self.rank), cfg.weight_dtype)
+    b = self.param("b", nn.with_logical_partitioning(nn.initializers.zeros, ("lora_rank", self.axes[1])),
+                   (self.rank, self.features), cfg.weight_dtype)
+    dtype = cfg.compute_dtype
+    return (x_ND.astype(dtype) @ a.astype(dtype)) @ b.astype(dtype) * jnp.asarray(self.scale, dtype)
+
+
+def _projection(features, axes, config: ModelConfig, name, use_bias=False):
+  """The layer's Dense `name`, plus its LoRA adapter `<name>_lora` when `config.lora` targets it."""
+  dense = _dense(features, axes, config, name, use_bias)
+  if config.lora is None or name not in config.lora.projections:
+    return dense
+  adapter = LoraAdapter(config.lora.rank, features, axes, config.lora.scale, config, name=name + "_lora")
+  return lambda x_ND: dense(x_ND) + adapter(x_ND)
+
+
 def attention(q_BTNH, k_BSKH, v_BSKH, mask_BTS):
   """Grouped-query softmax attention (float32 softmax): query head n reads kv head n // (N / K).
 
@@ -211,9 +242,9 @@ class Block(nn.Module):
     inv_freq = rope_inv_freq(cfg)
 
     y = RMSNorm(cfg.rms_norm_eps, cfg.weight_dtype, name="input_layernorm")(x_BTD).reshape(b * t, -1)
-    q = _dense(n * h, ("embed", "heads"), cfg, "q_proj", cfg.attention_bias)(y).reshape(b, t, n, h)
-    k = _dense(kv * h, ("embed", "kv_heads"), cfg, "k_proj", cfg.attention_bias)(y).reshape(b, t, kv, h)
-    v = _dense(kv * h, ("embed", "kv_heads"), cfg, "v_proj", cfg.attention_bias)(y).reshape(b, t, kv, h)
+    q = _projection(n * h, ("embed", "heads"), cfg, "q_proj", cfg.attention_bias)(y).reshape(b, t, n, h)
+    k = _projection(kv * h, ("embed", "kv_heads"), cfg, "k_proj", cfg.attention_bias)(y).reshape(b, t, kv, h)
+    v = _projection(kv * h, ("embed", "kv_heads"), cfg, "v_proj", cfg.attention_bias)(y).reshape(b, t, kv, h)
     if cfg.qk_norm:  # Qwen3: each head's query and key normalised over the head dim, before the rotation
       q = RMSNorm(cfg.rms_norm_eps, cfg.weight_dtype, name="q_norm")(q)
       k = RMSNorm(cfg.rms_norm_eps, cfg.weight_dtype, name="k_norm")(k)
@@ -231,14 +262,14 @@ class Block(nn.Module):
       cache_v = jax.lax.dynamic_update_slice(cache_v, v[None].astype(cache_v.dtype), start)
       cache_kv = (cache_k, cache_v)
       out = cached_attention(q, cache_k, cache_v, layer, mask_BTS, write_index + t)
-    out = _dense(cfg.hidden_size, ("heads", "embed"), cfg, "o_proj")(out.reshape(b * t, n * h)).reshape(b, t, -1)
+    out = _projection(cfg.hidden_size, ("heads", "embed"), cfg, "o_proj")(out.reshape(b * t, n * h)).reshape(b, t, -1)
     x_BTD = constrain(x_BTD + out, ("batch", "length", "act_embed"))
 
     y = RMSNorm(cfg.rms_norm_eps, cfg.weight_dtype, name="post_attention_layernorm")(x_BTD).reshape(b * t, -1)
-    gate = _dense(cfg.intermediate_size, ("embed", "mlp"), cfg, "gate_proj")(y)
-    up = _dense(cfg.intermediate_size, ("embed", "mlp"), cfg, "up_proj")(y)
+    gate = _projection(cfg.intermediate_size, ("embed", "mlp"), cfg, "gate_proj")(y)
+    up = _projection(cfg.intermediate_size, ("embed", "mlp"), cfg, "up_proj")(y)
     hidden = constrain(nn.silu(gate) * up, ("batch", "act_mlp"))  # rows: batch x length
-    x_BTD = x_BTD + _dense(cfg.hidden_size, ("mlp", "embed"), cfg, "down_proj")(hidden).reshape(b, t, -1)
+    x_BTD = x_BTD + _projection(cfg.hidden_size, ("mlp", "embed"), cfg, "down_proj")(hidden).reshape(b, t, -1)
     return (constrain(x_BTD, ("batch", "length", "act_embed")), cache_kv), None
 
 

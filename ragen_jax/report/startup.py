@@ -8,7 +8,7 @@ import os
 import jax
 from clu import parameter_overview
 
-from ragen_jax.models import bundled_model_dir
+from ragen_jax.models import bundled_model_dir, lora
 from ragen_jax.models.scratch import SCRATCH_TINY, TINY_DIMS
 
 QUIET_LOGGERS = ("absl", "orbax", "jax")  # Orbax logs each checkpoint step through absl (a few modules through
@@ -44,8 +44,19 @@ def startup_lines(exp, parameter_table: str | None = None) -> list[str]:
           f"computing in {model.dtype}; remat {model.remat}, LM head "
           f"{f'in blocks of {model.logits_chunk} tokens' if model.logits_chunk else 'unchunked'})"
           + (f"; table in {parameter_table}" if parameter_table else ""),
+          *_lora_lines(model, exp.model.params, count),
           f"devices: {len(devices)} {devices[0].platform}{f' ({kinds})' if kinds else ''} in {jax.process_count()} "
           f"process(es); mesh {mesh} over {exp.mesh.size} of them"]
+
+
+def _lora_lines(model, params, count: int) -> list[str]:
+  """A line on the LoRA adapters when the model has them (none otherwise)."""
+  if model.lora is None:
+    return []
+  trained = parameter_overview.count_parameters(lora.split(model, params)[1])
+  return [f"  LoRA rank {model.lora.rank} (alpha {model.lora.alpha:g}) on {', '.join(model.lora.targets)}: "
+          f"{trained:,} trained parameters ({100 * trained / (count - trained):.2f}% of the frozen base, which is "
+          f"also the KL reference)"]
 
 
 def write_parameter_table(params, workdir: str) -> str:

@@ -8,6 +8,10 @@ first, micro-batches with nothing kept are skipped with `lax.cond` (so filtering
 recompiling), and so is the optimizer step of a mini-batch with nothing kept. An optimizer step whose loss or
 gradient norm is not finite is rejected inside the step (`_minibatch_step`): the weights and optimizer state stay
 as they were, and `learn` counts it (`rejected_updates`, and `rejected_tail` for the trainer's halting rule).
+
+With LoRA (`ModelConfig.lora`) the train state holds only what is trained, the adapters (and the critic's adapters
+and value head), and each phase gets the frozen base weights as `base` (`models.lora.split`); gradients and
+optimizer moments exist for the adapters alone, and the KL reference is the base with adapters off.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from jax.sharding import PartitionSpec
 
 from ragen_jax.config import check
 from ragen_jax.finite import all_finite
+from ragen_jax.models import lora
 from ragen_jax.models.config import ModelConfig
 from ragen_jax.models.model import param_specs
 from ragen_jax.rl import advantages as adv_lib
@@ -55,9 +60,10 @@ class UpdateConfig:
   """Static settings of the update step (a jit static argument: every field is hashable by value).
 
   `diagnostics_fn(model_config, policy_params, diagnostics_state, batch, old_logp_BT, entropy_BT, key)
-  -> (diagnostics_state, metrics)` (optional) runs on the pre-update policy, before filtering.
+  -> (diagnostics_state, metrics)` (optional) runs on the pre-update policy (all its params), before filtering.
   `grad_analysis_fn(model_config, policy_params, batch, old_logp_BT, advantages_BT, loss_mask_BT, ref_logp_BT,
-  scores_G, step) -> metrics` (optional) gets advantages of every group (unfiltered). Both must
+  scores_G, step, base) -> metrics` (optional) gets the trained params and the frozen `base` (None without LoRA),
+  and advantages of every group (unfiltered). Both must
   compare equal when their settings do (e.g. frozen dataclasses, see `diagnostics.collapse`).
   """
 
@@ -90,8 +96,9 @@ class UpdateConfig:
 
 @flax.struct.dataclass
 class TrainState:
-  """Everything the update changes (and checkpoints). critic / critic_opt are None without
-  a critic; `diagnostics` is the collapse diagnostics' state (e.g. z-score EMAs)."""
+  """Everything the update changes (and checkpoints). policy / critic: the trained params (with LoRA, the
+  adapters and a value head only); critic / critic_opt are None without a critic; `diagnostics` is the collapse
+  diagnostics' state (e.g. z-score EMAs)."""
 
   step: jax.Array
   policy: dict
@@ -148,7 +155,7 @@ def _in_layout(model_config: ModelConfig, cfg: UpdateConfig, state: TrainState) 
   replicate = lambda x: constrain(x, PartitionSpec())  # noqa: E731
 
   def params_and_moments(params, opt_state, optimizer: OptimizerConfig, with_value_head: bool):
-    specs = param_specs(model_config, with_value_head)
+    specs = lora.split(model_config, param_specs(model_config, with_value_head))[1]
     return (jax.tree.map(constrain, params, specs),
             optax.tree_map_params(optimizer.make(), constrain, opt_state, specs, transform_non_params=replicate))
 
@@ -179,47 +186,53 @@ def _group_scores(cfg: UpdateConfig, batch: Trajectories):
 
 
 @functools.partial(jax.jit, static_argnames=("model_config", "cfg"))
-def score(model_config: ModelConfig, cfg: UpdateConfig, state: TrainState, ref_params, batch: Trajectories) -> dict:
+def score(model_config: ModelConfig, cfg: UpdateConfig, state: TrainState, ref_params, batch: Trajectories,
+          base=None) -> dict:
   """Per-token log-probs and entropy of the batch under the pre-update policy (and the reference model /
-  critic when the algorithm uses them): {"old_logp", "entropy"[, "ref_logp"][, "values"]}, float32[B, T]."""
+  critic when the algorithm uses them): {"old_logp", "entropy"[, "ref_logp"][, "values"]}, float32[B, T].
+  `ref_params` are scored without adapters; `base`: the frozen weights under LoRA adapters (None without)."""
   micro = cfg.micro_batch_size
   inputs = (batch.tokens, batch.valid, batch.segment_ids, batch.visible_from)
-  old_logp, entropy = _micro_map(lambda *x: token_logp_and_entropy(model_config, state.policy, *x), micro, *inputs)
+  policy = lora.combine(base, state.policy)
+  old_logp, entropy = _micro_map(lambda *x: token_logp_and_entropy(model_config, policy, *x), micro, *inputs)
   scores = {"old_logp": old_logp, "entropy": entropy}
   if cfg.algorithm.use_kl_loss:
-    scores["ref_logp"] = _micro_map(lambda *x: token_logp_and_entropy(model_config, ref_params, *x)[0], micro,
-                                    *inputs)
+    ref_config = lora.without(model_config)
+    scores["ref_logp"] = _micro_map(lambda *x: token_logp_and_entropy(ref_config, ref_params, *x)[0], micro, *inputs)
   if cfg.algorithm.use_critic:
-    scores["values"] = _micro_map(lambda *x: token_values(model_config, state.critic, *x), micro, *inputs)
+    critic = lora.combine(base, state.critic)
+    scores["values"] = _micro_map(lambda *x: token_values(model_config, critic, *x), micro, *inputs)
   return scores
 
 
 @functools.partial(jax.jit, static_argnames=("model_config", "cfg"), donate_argnames=("state",))
-def diagnose(model_config: ModelConfig, cfg: UpdateConfig, state: TrainState, batch: Trajectories, scores: dict):
+def diagnose(model_config: ModelConfig, cfg: UpdateConfig, state: TrainState, batch: Trajectories, scores: dict,
+             base=None):
   """Collapse diagnostics and gradient analysis on the pre-update policy (all groups): (state, metrics)."""
   metrics = {}
   if cfg.diagnostics_fn is not None:
     key, diag_key = jax.random.split(state.key)
-    diag_state, metrics = cfg.diagnostics_fn(model_config, state.policy, state.diagnostics, batch,
+    diag_state, metrics = cfg.diagnostics_fn(model_config, lora.combine(base, state.policy), state.diagnostics, batch,
                                              scores["old_logp"], scores["entropy"], diag_key)
     state = state.replace(diagnostics=diag_state, key=key)
   if cfg.grad_analysis_fn is not None:
     all_adv, _ = _advantages(cfg, batch, scores.get("values"), batch.loss_mask)
     metrics |= cfg.grad_analysis_fn(model_config, state.policy, batch, scores["old_logp"], all_adv, batch.loss_mask,
-                                    scores.get("ref_logp"), _group_scores(cfg, batch), state.step)
+                                    scores.get("ref_logp"), _group_scores(cfg, batch), state.step, base)
   return _in_layout(model_config, cfg, state), metrics
 
 
-def _micro_loss(model_config: ModelConfig, cfg: UpdateConfig, params, critic, mb, weight, v_weight):
-  """One micro-batch's losses, weighted (`micro_batch_weights`) as its part of the mini-batch's loss."""
+def _micro_loss(model_config: ModelConfig, cfg: UpdateConfig, base, params, critic, mb, weight, v_weight):
+  """One micro-batch's losses, weighted (`micro_batch_weights`) as its part of the mini-batch's loss; `params` and
+  `critic` are the trained parts over the frozen `base` (None without LoRA)."""
   inputs = (mb["tokens"], mb["valid"], mb["segment_ids"], mb["visible_from"])
-  logp, entropy = token_logp_and_entropy(model_config, params, *inputs)
+  logp, entropy = token_logp_and_entropy(model_config, lora.combine(base, params), *inputs)
   loss, aux = actor_loss(logp, mb["old_logp"], mb["adv"], mb["mask"], entropy, mb.get("ref_logp"),
                          cfg.algorithm.loss)
   total = weight * loss
   metrics = {k: weight * v for k, v in aux.items()}
   if cfg.algorithm.use_critic:
-    values = token_values(model_config, critic, *inputs)
+    values = token_values(model_config, lora.combine(base, critic), *inputs)
     v_loss, v_aux = value_loss(values, mb["old_values"], mb["returns"], mb["mask"], clip=cfg.algorithm.value_clip,
                                agg="token-mean")
     total = total + v_weight * v_loss
@@ -227,7 +240,7 @@ def _micro_loss(model_config: ModelConfig, cfg: UpdateConfig, params, critic, mb
   return total, metrics
 
 
-def _minibatch_step(model_config: ModelConfig, cfg: UpdateConfig, state: TrainState, mini):
+def _minibatch_step(model_config: ModelConfig, cfg: UpdateConfig, state: TrainState, base, mini):
   """One optimizer step on a mini-batch: (state, metrics).
 
   A mini-batch with nothing kept leaves the weights and optimizer alone (`stepped` 0). So does a rejected step
@@ -236,7 +249,7 @@ def _minibatch_step(model_config: ModelConfig, cfg: UpdateConfig, state: TrainSt
   applied. Both count as no update (`applied` 0).
   """
   micro, use_critic = cfg.micro_batch_size, cfg.algorithm.use_critic
-  micro_loss = functools.partial(_micro_loss, model_config, cfg)
+  micro_loss = functools.partial(_micro_loss, model_config, cfg, base)
   grad_fn = jax.value_and_grad(micro_loss, argnums=(0, 1), has_aux=True)
   split = jax.tree.map(lambda x: x.reshape(-1, micro, *x.shape[1:]), mini)
   weights = micro_batch_weights(split["mask"], cfg.algorithm.loss.agg, cfg.algorithm.loss_agg_scope)
@@ -284,8 +297,10 @@ def rejected_tail(applied_S: jax.Array, rejected_S: jax.Array) -> jax.Array:
 
 
 @functools.partial(jax.jit, static_argnames=("model_config", "cfg"), donate_argnames=("state",))
-def learn(model_config: ModelConfig, cfg: UpdateConfig, state: TrainState, batch: Trajectories, scores: dict):
-  """SNR-Aware Filtering, advantages and the PPO epochs: (state, metrics)."""
+def learn(model_config: ModelConfig, cfg: UpdateConfig, state: TrainState, batch: Trajectories, scores: dict,
+          base=None):
+  """SNR-Aware Filtering, advantages and the PPO epochs: (state, metrics); `base`: the frozen weights under LoRA
+  adapters (None without LoRA)."""
   old_logp, values, ref_logp = scores["old_logp"], scores.get("values"), scores.get("ref_logp")
   metrics = {"policy_entropy": masked_mean(scores["entropy"], batch.loss_mask)}
   scores_G = _group_scores(cfg, batch)
@@ -312,7 +327,8 @@ def learn(model_config: ModelConfig, cfg: UpdateConfig, state: TrainState, batch
     key, shuffle_key = jax.random.split(state.key)
     order = jnp.argsort(jnp.where(kept_B, 0.0, 2.0) + jax.random.uniform(shuffle_key, kept_B.shape))
     minis = jax.tree.map(lambda x: x[order].reshape(-1, cfg.mini_batch_size, *x.shape[1:]), per_episode)
-    return jax.lax.scan(lambda s, mini: _minibatch_step(model_config, cfg, s, mini), state.replace(key=key), minis)
+    return jax.lax.scan(lambda s, mini: _minibatch_step(model_config, cfg, s, base, mini), state.replace(key=key),
+                        minis)
 
   # with nothing kept, every mini-batch step is skipped (no cond around the epochs: one trace of the model)
   state, epoch_metrics = jax.lax.scan(epoch, state, None, length=cfg.ppo_epochs)
@@ -326,9 +342,10 @@ def learn(model_config: ModelConfig, cfg: UpdateConfig, state: TrainState, batch
   return _in_layout(model_config, cfg, state.replace(step=state.step + 1)), metrics
 
 
-def update(model_config: ModelConfig, cfg: UpdateConfig, state: TrainState, ref_params, batch: Trajectories):
+def update(model_config: ModelConfig, cfg: UpdateConfig, state: TrainState, ref_params, batch: Trajectories,
+           base=None):
   """The three phases in a row: (state, metrics)."""
-  scores = score(model_config, cfg, state, ref_params, batch)
-  state, diag_metrics = diagnose(model_config, cfg, state, batch, scores)
-  state, metrics = learn(model_config, cfg, state, batch, scores)
+  scores = score(model_config, cfg, state, ref_params, batch, base)
+  state, diag_metrics = diagnose(model_config, cfg, state, batch, scores, base)
+  state, metrics = learn(model_config, cfg, state, batch, scores, base)
   return state, diag_metrics | metrics
