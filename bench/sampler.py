@@ -1,15 +1,19 @@
 """Decode throughput: our jitted sampler vs transformers' PyTorch `generate` on SmolLM2-135M.
 
-  .venv/bin/python bench/sampler.py [--batches 16,64] [--new-tokens 128]
+  .venv/bin/python bench/sampler.py [--batches 16,64] [--new-tokens 128] [--lora-rank 64]
 
 Both sides decode exactly `new-tokens` tokens per row (EOS disabled) from the same
 weights and chat prompts; also prints the jitted f32 matmul roofline of this machine.
+With LoRA adapters (rank `--lora-rank` on every projection), the sampler either applies them in the forward or
+decodes with the weights merged first (`models.lora.merge`, counted once per batch as a training iteration would):
+both as tok/s against the plain model in the same run.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
 import sys
 
@@ -19,7 +23,8 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench.common import matmul_peak_flops, report, timed  # noqa: E402
-from ragen_jax.models import bundled_model_dir, load_pretrained  # noqa: E402
+from ragen_jax.models import Model, bundled_model_dir, load_pretrained, lora  # noqa: E402
+from ragen_jax.models.model import adapter_params  # noqa: E402
 from ragen_jax.sampling import SamplingRule, SamplingSession  # noqa: E402
 from ragen_jax.sampling.session import round_up  # noqa: E402
 
@@ -47,6 +52,20 @@ def ours_tokens_per_second(model, prompts, new_tokens: int) -> float:
   return len(prompts) * new_tokens / seconds
 
 
+def lora_tokens_per_second(model, prompts, new_tokens: int, rank: int) -> tuple[float, float]:
+  """(tok/s with the adapters applied in the forward, tok/s with the weights merged first, the merge included)."""
+  config = dataclasses.replace(model.config, lora=lora.LoraConfig(rank=rank, alpha=2.0 * rank))
+  adapters = jax.tree.map(lambda x: x + 0.01, adapter_params(config, model.mesh))  # b != 0: a trained adapter
+  adapted = Model(config, lora.combine(model.params, adapters), model.mesh)
+  in_forward = ours_tokens_per_second(adapted, prompts, new_tokens)
+  merge = jax.jit(functools.partial(lora.merge, config))
+  jax.block_until_ready(merge(adapted.params))  # compile
+  merge_seconds, merged = timed(lambda: merge(adapted.params), repeats=2)
+  merged_rate = ours_tokens_per_second(Model(lora.without(config), merged, model.mesh), prompts, new_tokens)
+  tokens = len(prompts) * new_tokens
+  return in_forward, tokens / (merge_seconds + tokens / merged_rate)
+
+
 def hf_tokens_per_second(hf_model, prompts, new_tokens: int, pad_id: int) -> float:
   import torch
   width = max(map(len, prompts))
@@ -68,6 +87,7 @@ def main():
   parser.add_argument("--batches", default="16,64")
   parser.add_argument("--new-tokens", type=int, default=128)
   parser.add_argument("--skip-hf", action="store_true")
+  parser.add_argument("--lora-rank", type=int, default=64)
   args = parser.parse_args()
 
   import torch
@@ -92,6 +112,10 @@ def main():
       report(f"transformers generate, batch {batch}", hf, "tok/s")
       report(f"ragen_jax sampler, batch {batch}", ours, "tok/s", "transformers generate", hf)
     report(f"ragen_jax sampler, batch {batch} vs roofline", ours, "tok/s", "roofline", roofline)
+    if args.lora_rank:
+      in_forward, merged = lora_tokens_per_second(model, prompts, args.new_tokens, args.lora_rank)
+      report(f"LoRA r{args.lora_rank} in the forward, batch {batch}", in_forward, "tok/s", "no LoRA", ours)
+      report(f"LoRA r{args.lora_rank} merged first, batch {batch}", merged, "tok/s", "no LoRA", ours)
 
 
 if __name__ == "__main__":

@@ -152,6 +152,12 @@ def test_every_user_mistake_ends_in_one_line_error(small_model_dir, tmp_path):
       ([f"--config.model.path={dirs['run']}"], f"a training run directory, not a model directory; load its exported "
                                                f"policy {dirs['run']}/final_model"),
       ([f"--config.model.path={dirs['nan_weights']}"], "hold NaN or infinite values (first in ['layers']['down_proj']"),
+      (["--config.model.lora.rank=-2"], "model.lora.rank=-2: must be >= 0 (0: no adapters, full fine-tuning)"),
+      (["--config.model.lora.rank=4", "--config.model.lora.dropout=0.1"], "model.lora.dropout=0.1: only 0 is "
+                                                                           "supported"),
+      ([f"--config.model.adapters={tmp_path}"], f"model.adapters='{tmp_path}': needs LoRA (set model.lora.rank"),
+      (["--config.model.lora.rank=4", f"--config.model.adapters={tmp_path}"],
+       f"model.adapters='{tmp_path}': {tmp_path} is not a LoRA adapter directory"),
       ([f"--config.workdir={dirs['run']}"], "already holds checkpoints of iterations [4]"),  # a fresh run
       ([f"--config.workdir={dirs['run']}", "--config.train.resume=True"], "none of the 1 checkpoints in "),
   ]

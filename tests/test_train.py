@@ -19,6 +19,7 @@ from ragen_jax.checkpoint import Checkpointer, RestoreError, abstract_like
 from ragen_jax.config import ConfigError, load_config_file
 from ragen_jax.finite import first_nonfinite
 from ragen_jax.models import forward_logits, load_pretrained
+from ragen_jax.report.startup import startup_lines
 from ragen_jax.report.summary import training_report
 from ragen_jax.report.writer import read_metrics
 from ragen_jax.rl import update as update_lib
@@ -287,6 +288,9 @@ def test_lora_trains_and_saves_the_adapters_only_over_a_shared_frozen_base(reply
   config.diagnostics.grad_analysis = True
   trainer = Trainer.create(config)
   model_config = trainer.exp.model.config
+  trained = sum(x.size for x in jax.tree.leaves(trainer.state.policy))
+  assert f"  LoRA rank 4 (alpha 8) on q, k, v, o, gate, up, down: {trained:,} trained parameters" in "\n".join(
+      startup_lines(trainer.exp))
   base_before = jax.device_get(trainer.base)
   # the KL reference is the base itself (same arrays, adapters off), not a copy
   assert all(r is b for r, b in zip(jax.tree.leaves(trainer.ref_params), jax.tree.leaves(trainer.base)))

@@ -12,6 +12,7 @@ import torch
 import transformers
 
 from ragen_jax import mesh as mesh_lib
+from ragen_jax.assembly import load_model
 from ragen_jax.config import ConfigError
 from ragen_jax.models import CheckpointError, forward_logits, load_pretrained
 from ragen_jax.models import lora
@@ -146,3 +147,16 @@ def test_bad_settings_and_mismatched_adapters_are_one_line_errors(tmp_path):
     load_pretrained(tmp_path / "base", lora=dataclasses.replace(LORA, rank=8), adapters=tmp_path / "adapters")
   with pytest.raises(CheckpointError, match="not a LoRA adapter directory"):
     load_pretrained(tmp_path / "base", lora=LORA, adapters=tmp_path / "base")
+
+
+def test_a_run_loads_saved_adapters_onto_the_built_in_model(tmp_path):
+  mesh = mesh_lib.single_device_mesh()
+  model, _ = load_model("scratch:tiny", mesh, lora=LORA)
+  trained = _with_random_adapters(model)
+  lora.save_adapters(trained.config, trained.params, tmp_path)
+  reloaded, _ = load_model("scratch:tiny", mesh, adapters=str(tmp_path), lora=LORA)
+  for a, b in zip(jax.tree.leaves(trained.params), jax.tree.leaves(reloaded.params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  with pytest.raises(ConfigError, match=r"model.path='scratch:tiny' with adapters .*: the adapters in .* have .*; "
+                                        r"this run's model.lora asks for .*'target_modules': \['q_proj'\]"):
+    load_model("scratch:tiny", mesh, adapters=str(tmp_path), lora=dataclasses.replace(LORA, targets=("q",)))
