@@ -120,7 +120,9 @@ def _dense(features, axes, config: ModelConfig, name, use_bias=False):
 
 class LoraAdapter(nn.Module):
   """The LoRA update `scale * (x a) b` of a projection with logical axes `axes` (`models.lora`): `a` [in, r] is
-  sharded like the kernel's input axis, `b` [r, out] (zeros at init) like its output axis."""
+  sharded like the kernel's input axis, `b` [r, out] (zeros at init) like its output axis. The adapters are kept in
+  float32 whatever `param_dtype` the frozen base has (a bfloat16 base halves the weights; what is trained keeps
+  float32 precision)."""
 
   rank: int
   features: int
@@ -133,9 +135,9 @@ class LoraAdapter(nn.Module):
     cfg = self.config
     init_a = nn.initializers.variance_scaling(1 / 3, "fan_in", "uniform")  # PEFT's kaiming_uniform(a=sqrt(5))
     a = self.param("a", nn.with_logical_partitioning(init_a, (self.axes[0], "lora_rank")),
-                   (x_ND.shape[-1], self.rank), cfg.weight_dtype)
+                   (x_ND.shape[-1], self.rank), jnp.float32)
     b = self.param("b", nn.with_logical_partitioning(nn.initializers.zeros, ("lora_rank", self.axes[1])),
-                   (self.rank, self.features), cfg.weight_dtype)
+                   (self.rank, self.features), jnp.float32)
     dtype = cfg.compute_dtype
     return (x_ND.astype(dtype) @ a.astype(dtype)) @ b.astype(dtype) * jnp.asarray(self.scale, dtype)
 

@@ -85,6 +85,11 @@ def test_fresh_adapters_and_adapters_off_are_the_base_model(tmp_path):
   assert jax.tree.structure(base) == jax.tree.structure(plain.params)
   np.testing.assert_array_equal(np.asarray(forward_logits(lora.without(adapted.config), base, tokens)),
                                 np.asarray(plain.logits(tokens)))
+  # a bfloat16 base keeps float32 adapters (what is trained keeps its precision)
+  half = load_pretrained(tmp_path, dtype="bfloat16", lora=LORA)
+  half_base, half_adapters = lora.split(half.config, half.params)
+  assert {x.dtype for x in jax.tree.leaves(half_base)} == {jnp.dtype(jnp.bfloat16)}
+  assert {x.dtype for x in jax.tree.leaves(half_adapters)} == {jnp.dtype(jnp.float32)}
 
 
 def test_adapter_gradients_are_the_merged_weights_gradient_through_the_factors(tmp_path):
