@@ -142,7 +142,7 @@ class Plan:
     """The plan as text."""
     gib = lambda n: f"{n / GIB:7.2f} GiB"  # noqa: E731
     mesh = ", ".join(f"{k}={v}" for k, v in self.mesh.items())
-    out = [f"{self.model} ({self.num_params / 1e9:.2f}B parameters) on {self.devices} x {self.chip} (mesh {mesh}), "
+    out = [f"{self.model} ({self.num_params / 1e6:,.0f}M parameters) on {self.devices} x {self.chip} (mesh {mesh}), "
            f"sequences of {self.seq_len} tokens" + (f"; with {_overrides_text(self.overrides)}" if self.overrides
                                                     else ""),
            "per device:"]
@@ -259,7 +259,8 @@ def compile_iteration(model_config: ModelConfig, settings: Settings, mesh, sourc
   if update.algorithm.use_critic:
     critic = _with_shardings(abstract_params(model_config, True), param_shardings(model_config, mesh, True))
   diagnostics = None if update.diagnostics_fn is None else init_diagnostics_state(update.diagnostics_fn.cfg)
-  init = jax.jit(lambda p, c: update_lib.init_train_state(update, p, jax.random.PRNGKey(seed), c, diagnostics))
+  init = jax.jit(lambda p, c: update_lib.in_layout(model_config, update, update_lib.init_train_state(
+      update, p, jax.random.PRNGKey(seed), c, diagnostics)))  # the layout the trainer keeps the state in
   ref = None
   if settings.algorithm.use_kl_loss:
     ref_dtype = DTYPES[settings.model.reference_dtype]
