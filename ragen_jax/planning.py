@@ -3,8 +3,9 @@
 `plan(config, plan_config)` builds the config's mesh over fake CPU devices, lowers and compiles one iteration's
 programs (the rollout, then the update's score, diagnose and learn phases of `rl.update`) at the config's real
 shapes with abstract inputs (`jax.ShapeDtypeStruct` with shardings: no weight is allocated), and reads each
-program's per-device memory from `compiled.memory_analysis()`. A phase's peak adds to its arguments, outputs and
-temporaries what the trainer keeps on the device meanwhile but does not pass in (`PhaseMemory.resident`).
+program's per-device memory from `compiled.memory_analysis()`. A phase's peak adds its new outputs and temporaries
+to what the trainer holds on the device meanwhile (`PhaseMemory.held`: the whole train state, the loaded weights,
+the batch; a program's argument bytes leave out what it does not read).
 
 FLOPs are counted analytically (`iteration_flops`): XLA's `cost_analysis()` counts the body of a while loop once,
 and the layers (`nn.scan`), the decode loop, micro-batches and PPO epochs are all loops. The count is an upper
@@ -82,19 +83,20 @@ class PlanConfig:
 
 @dataclasses.dataclass(frozen=True)
 class PhaseMemory:
-  """One compiled program's per-device bytes (`memory_analysis()`), and `resident`: what the trainer keeps on the
-  device during it without passing it in (the other parts of the train state, the loaded weights)."""
+  """One compiled program's per-device bytes (`memory_analysis()`), and `held`: what the trainer holds on the
+  device during it (the train state, loaded weights and reference, the batch and scores, the program's other
+  arguments), read or not; outputs that reuse a donated argument (`alias`) take no new memory."""
 
   name: str
   argument: int
   output: int
   alias: int
   temp: int
-  resident: int
+  held: int
 
   @property
   def peak(self) -> int:
-    return self.resident + self.argument + self.output - self.alias + self.temp
+    return self.held + self.output - self.alias + self.temp
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,10 +150,10 @@ class Plan:
            "per device:"]
     out += [f"  {name:<16s}{gib(size)}" for name, size in self.memory.items()]
     out.append(f"  {'phase':<10s}{'arguments':>12s}{'outputs':>12s}{'aliased':>12s}{'temporaries':>12s}"
-               f"{'resident':>12s}{'peak':>12s}   (GiB; compiler's memory_analysis + resident)")
+               f"{'held':>12s}{'peak':>12s}   (GiB; compiler's memory_analysis, held by the trainer)")
     for p in self.phases:
       out.append(f"  {p.name:<10s}" + "".join(f"{n / GIB:12.2f}" for n in (p.argument, p.output, p.alias, p.temp,
-                                                                         p.resident, p.peak)))
+                                                                         p.held, p.peak)))
     flops = ", ".join(f"{k} {v:.3g}" for k, v in self.flops.items())
     out.append(f"FLOPs of one iteration (analytic, an upper bound; diagnose not counted): {self.iteration_flops:.3g} "
                f"({flops}); ideal {self.ideal_seconds:.1f} s at {CHIPS[self.chip].peak_tflops:g} TF/s x "
@@ -242,10 +244,10 @@ def device_bytes(tree) -> int:
   return sum(math.prod(x.sharding.shard_shape(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
 
 
-def _memory(name: str, compiled, resident: int) -> PhaseMemory:
+def _memory(name: str, compiled, held: int) -> PhaseMemory:
   m = compiled.memory_analysis()
   return PhaseMemory(name, m.argument_size_in_bytes, m.output_size_in_bytes, m.alias_size_in_bytes,
-                     m.temp_size_in_bytes, resident)
+                     m.temp_size_in_bytes, held)
 
 
 def compile_iteration(model_config: ModelConfig, settings: Settings, mesh, source, seed: int = 0):
@@ -391,12 +393,14 @@ def plan(config, plan_config: PlanConfig, overrides: dict | None = None) -> Plan
   loaded, policy = device_bytes(inputs["policy"]), device_bytes(state.policy)
   ref_bytes = device_bytes(ref) if ref is not None else 0
   shared_ref = ref is not None and settings.model.reference_dtype == model_config.param_dtype
-  kept = loaded + (0 if shared_ref or ref is None else ref_bytes)  # the trainer keeps the loaded weights
-  resident = {"rollout": kept + device_bytes(state) - policy, "prefill": kept + device_bytes(state) - policy,
-              "score": kept - ref_bytes, "diagnose": kept, "learn": kept}
+  kept = loaded + device_bytes(state) + (0 if shared_ref or ref is None else ref_bytes)  # trainer.exp keeps `loaded`
+  held = {"score": kept + device_bytes(batch), "diagnose": kept + device_bytes((batch, scores))}
+  held["learn"] = held["diagnose"]
+  for name in ("rollout", "prefill", "decode"):  # their other arguments: env states or sampler state, tables
+    if name in compiled:
+      held[name] = kept + compiled[name].memory_analysis().argument_size_in_bytes - policy
   batch_size = settings.update_config().batch_size
   slots = source.seq_len + (settings.rollout.max_new_tokens if not isinstance(source, DeviceSource) else 0)
-  resident["decode"] = resident["prefill"]
   memory = {"parameters": policy, "optimizer": device_bytes(state.policy_opt),
             "critic": device_bytes((state.critic, state.critic_opt)), "loaded weights": loaded,
             "reference": 0 if shared_ref else ref_bytes, "KV cache": kv_cache_bytes(model_config, mesh, batch_size,
@@ -407,7 +411,7 @@ def plan(config, plan_config: PlanConfig, overrides: dict | None = None) -> Plan
   return Plan(model=settings.model.path or BUNDLED_SHAPE,
               num_params=sum(x.size for x in jax.tree.leaves(inputs["policy"])), devices=devices,
               chip=plan_config.chip, mesh=dict(mesh.shape), seq_len=source.seq_len, overrides=overrides,
-              memory=memory, phases=tuple(_memory(name, c, resident[name]) for name, c in compiled.items()),
+              memory=memory, phases=tuple(_memory(name, c, held[name]) for name, c in compiled.items()),
               flops=flops)
 
 

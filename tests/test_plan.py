@@ -34,9 +34,11 @@ def _tiny_config():
 
 
 def _live_bytes(device) -> int:
-  """Bytes of every live array's shard on `device`."""
+  """Bytes of the live buffers on `device`, each counted once (a shard's `data` is itself a live array)."""
   gc.collect()
-  return sum(s.data.nbytes for a in jax.live_arrays() for s in a.addressable_shards if s.device == device)
+  buffers = {s.data.unsafe_buffer_pointer(): s.data.nbytes for a in jax.live_arrays() for s in a.addressable_shards
+             if s.device == device}
+  return sum(buffers.values())
 
 
 def test_planned_peak_within_2x_of_a_run():
@@ -44,7 +46,8 @@ def test_planned_peak_within_2x_of_a_run():
   measures, per phase, the live arrays on device 0 (the trainer's state, loaded weights, reference, batch and
   scores: `jax.live_arrays()` before and after, over what was live before the trainer) plus the compiled program's
   temporaries (XLA:CPU keeps no allocator statistics, so temporaries come from the compiler in both). The planned
-  peak of every phase, and the largest, is within 2x of the measured one."""
+  peak of every phase, and the largest, is within 2x of the measured one, and what the plan says the trainer holds
+  within 10% of the live buffers (measured 2026-12-05: within 4 MiB of ~100 MiB, the environment's token tables)."""
   config = _tiny_config()
   result = planning.plan(config, planning.PlanConfig(devices=8, chip="v5e"))
   planned = {p.name: p for p in result.phases}
@@ -55,13 +58,14 @@ def test_planned_peak_within_2x_of_a_run():
   update, train = trainer.update_config, trainer.settings.train
   seeds = train_seeds(0, train.env_groups, train.group_size)
   group_ids = np.repeat(np.arange(train.env_groups), train.group_size)
-  measured, live = {}, _live_bytes(device) - baseline
+  held, measured, live = {}, {}, _live_bytes(device) - baseline
 
   def phase(name, run):
     nonlocal live
     out = jax.block_until_ready(run())
     after = _live_bytes(device) - baseline
-    measured[name] = max(live, after) + planned[name].temp
+    held[name] = max(live, after)
+    measured[name] = held[name] + planned[name].temp
     live = after
     return out
 
@@ -73,6 +77,7 @@ def test_planned_peak_within_2x_of_a_run():
     state, _ = phase("learn", lambda: update_lib.learn(model_config, update, state, traj, scores))
   for name, bytes_ in measured.items():
     assert bytes_ / 2 <= planned[name].peak <= 2 * bytes_, (name, planned[name], bytes_)
+    assert planned[name].held == pytest.approx(held[name], rel=0.1), (name, planned[name], held[name])
   assert max(measured.values()) / 2 <= result.peak <= 2 * max(measured.values())
   assert result.memory["reference"] > 0 and result.memory["critic"] > 0
   assert result.seq_len == traj.seq_len
@@ -108,10 +113,10 @@ def test_analytic_flops_match_xla_on_an_unrolled_model():
 def test_verdict_flips_with_the_chip(monkeypatch):
   monkeypatch.setitem(planning.CHIPS, "tiny", planning.Chip(hbm_gib=1e-6, peak_tflops=1.0))
   monkeypatch.setitem(planning.CHIPS, "huge", planning.Chip(hbm_gib=1e6, peak_tflops=1.0))
-  phase = planning.PhaseMemory("learn", argument=2**20, output=2**20, alias=2**20, temp=2**20, resident=2**20)
+  phase = planning.PhaseMemory("learn", argument=2**20, output=2**20, alias=2**20, temp=2**20, held=2**20)
   plan = planning.Plan(model="m", num_params=1, devices=2, chip="tiny", mesh={"data": 2}, seq_len=8, overrides={},
                        memory={}, phases=(phase,), flops={"learn": 4e12})
-  assert phase.peak == 3 * 2**20
+  assert phase.peak == 2 * 2**20
   assert not plan.fits and "does NOT fit" in plan.lines()[-1]
   huge = dataclasses.replace(plan, chip="huge")
   assert huge.fits and huge.lines()[-1].startswith("verdict: fits")
