@@ -3,6 +3,7 @@ FLOPs against XLA's count of an unrolled case, the verdict, and its one-line err
 
 import dataclasses
 import gc
+import json
 import os
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from ragen_jax import planning
 from ragen_jax.config import ConfigError
 from ragen_jax.models.config import ModelConfig
 from ragen_jax.models.model import abstract_params
+from ragen_jax.models.shapes import SHAPES, shape_config
 from ragen_jax.rl import update as update_lib
 from ragen_jax.rollout.episodes import train_seeds
 from ragen_jax.scoring import token_logp_and_entropy
@@ -83,6 +85,15 @@ def test_planned_peak_within_2x_of_a_run():
   assert result.seq_len == traj.seq_len
 
 
+def test_host_text_env_plans_the_sampler():
+  """A host text environment's rollout is planned as the sampler's prefill and decode at its episode length."""
+  config = tiny_test.get_config()
+  config.env.name, config.rollout.max_episode_len = "countdown", 256
+  result = planning.plan(config, planning.PlanConfig(devices=2, fit=False))
+  assert [p.name for p in result.phases] == ["prefill", "decode", "score", "diagnose", "learn"]
+  assert result.seq_len == 256 and result.mesh["data"] == 2 and result.memory["KV cache"] > 0
+
+
 def _one_layer(**dims) -> ModelConfig:
   return ModelConfig(**{"vocab_size": 512, "hidden_size": 256, "intermediate_size": 768, "num_layers": 1,
                         "num_heads": 4, "num_kv_heads": 2, "head_dim": 64} | dims)
@@ -140,6 +151,8 @@ def test_model_paths(tmp_path):
   with pytest.raises(ConfigError, match="did you mean 'qwen2.5-3b'") as error:
     planning.planned_model("qwen2.5-3", {})
   assert "\n" not in str(error.value)
+  (tmp_path / "config.json").write_text(json.dumps(SHAPES["qwen2.5-0.5b"]))  # config.json alone: no weights
+  assert planning.planned_model(str(tmp_path), {})[0] == shape_config("qwen2.5-0.5b")
   (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
   with pytest.raises(ConfigError, match="not supported"):
     planning.planned_model(str(tmp_path), {})
