@@ -417,7 +417,8 @@ def plan(config, plan_config: PlanConfig, overrides: dict | None = None) -> Plan
 
 def cheaper_settings(config, plan_config: PlanConfig) -> list[dict]:
   """Overrides to try, cheapest first, each adding to the one before: remat and LM-head chunks (no lost
-  throughput), a bfloat16 reference, smaller micro-batches, all devices on fsdp, then 2x and 4x the devices."""
+  throughput), a bfloat16 reference, smaller micro-batches, all devices on fsdp; then 2x and 4x the devices, each
+  alone and with all of those."""
   model, train, mesh = config.model, config.train, config.mesh
   steps = []
   if model.remat != "full":
@@ -432,11 +433,13 @@ def cheaper_settings(config, plan_config: PlanConfig) -> list[dict]:
     steps.append({"train.micro_batch_size": micro})
   if (mesh.data, mesh.fsdp, mesh.tensor) != (1, -1, 1):
     steps.append({"mesh.data": 1, "mesh.fsdp": -1, "mesh.tensor": 1})
-  steps += [{"devices": plan_config.devices * 2}, {"devices": plan_config.devices * 4}]
   ladder, total = [], {}
   for step in steps:
     total = total | step
     ladder.append(total)
+  for factor in (2, 4):
+    more = {"devices": plan_config.devices * factor}
+    ladder += [more, total | more] if total else [more]
   return ladder
 
 
