@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import transformers
-from jax._src import xla_bridge
+from jax._src import xla_bridge  # backends_are_initialized: no public API tells whether the backend started
 from jax.sharding import NamedSharding
 
 from ragen_jax import assembly
