@@ -214,13 +214,19 @@ def build_experiment(config, rollout: RolloutConfig, mesh: jax.sharding.Mesh,
                       f"run it as one process (any number of local devices)")
   settings = ModelSettings(**config.model.to_dict())
   model, tokenizer = load_model(settings.path, mesh, adapters=settings.adapters, **settings.computation())
+  source = build_source(config, rollout, model, tokenizer, name)
+  return Experiment(config=config, mesh=mesh, model=model, tokenizer=tokenizer, source=source)
+
+
+def build_source(config, rollout: RolloutConfig, model: Model, tokenizer, env_name: str | None = None) -> RolloutSource:
+  """The rollout source of `env_name` (default `env.name`) for `model` on its mesh (only its config and mesh are
+  read here: its params may be abstract, as the plan command's are)."""
+  name = config.env.name if env_name is None else env_name
   env, env_params = _environment(name, config.env.params.to_dict())
   if name in host_envs.REGISTRY:
-    source = TextSource(model=model, tokenizer=tokenizer, vocab=env_text.Vocab(tokenizer).table, make_env=env,
-                        config=rollout)
-  else:
-    assets = build_assets(tokenizer, env, env_params, rollout, table_size=model.config.vocab_size)
-    source = DeviceSource(model_config=model.config, env=env, env_params=env_params, assets=assets, config=rollout,
-                          mesh=mesh)
-  return Experiment(config=config, mesh=mesh, model=model, tokenizer=tokenizer, source=source)
+    return TextSource(model=model, tokenizer=tokenizer, vocab=env_text.Vocab(tokenizer).table, make_env=env,
+                      config=rollout)
+  assets = build_assets(tokenizer, env, env_params, rollout, table_size=model.config.vocab_size)
+  return DeviceSource(model_config=model.config, env=env, env_params=env_params, assets=assets, config=rollout,
+                      mesh=model.mesh)
 

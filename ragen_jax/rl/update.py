@@ -145,7 +145,7 @@ def micro_batch_weights(mask_MbT: jax.Array, agg: str, scope: str) -> tuple[jax.
   return actor_M / jnp.maximum(jnp.sum(actor_M), 1.0), tokens_M / jnp.maximum(jnp.sum(tokens_M), 1.0)
 
 
-def _in_layout(model_config: ModelConfig, cfg: UpdateConfig, state: TrainState) -> TrainState:
+def in_layout(model_config: ModelConfig, cfg: UpdateConfig, state: TrainState) -> TrainState:
   """`state` constrained to the layout the trainer places it in (under the mesh in context): the policy, the
   critic and their optimizer moments as the logical partition rules say, everything else replicated. Without
   it the compiler picks the phases' output layouts, and a donated state could come back sharded otherwise."""
@@ -219,7 +219,7 @@ def diagnose(model_config: ModelConfig, cfg: UpdateConfig, state: TrainState, ba
     all_adv, _ = _advantages(cfg, batch, scores.get("values"), batch.loss_mask)
     metrics |= cfg.grad_analysis_fn(model_config, state.policy, batch, scores["old_logp"], all_adv, batch.loss_mask,
                                     scores.get("ref_logp"), _group_scores(cfg, batch), state.step, base)
-  return _in_layout(model_config, cfg, state), metrics
+  return in_layout(model_config, cfg, state), metrics
 
 
 def _micro_loss(model_config: ModelConfig, cfg: UpdateConfig, base, params, critic, mb, weight, v_weight):
@@ -339,7 +339,7 @@ def learn(model_config: ModelConfig, cfg: UpdateConfig, state: TrainState, batch
               "rejected_tail": rejected_tail(applied, rejected)}
   metrics |= {"advantage_mean": masked_mean(adv, train_mask), "response_length": jnp.mean(
       jnp.sum(batch.loss_mask, axis=1).astype(jnp.float32))}
-  return _in_layout(model_config, cfg, state.replace(step=state.step + 1)), metrics
+  return in_layout(model_config, cfg, state.replace(step=state.step + 1)), metrics
 
 
 def update(model_config: ModelConfig, cfg: UpdateConfig, state: TrainState, ref_params, batch: Trajectories,
