@@ -35,7 +35,7 @@ from ragen_jax import assembly
 from ragen_jax import mesh as mesh_lib
 from ragen_jax.config import ConfigError, check, check_one_of, did_you_mean
 from ragen_jax.diagnostics.collapse import init_diagnostics_state
-from ragen_jax.models import CheckpointError, Model
+from ragen_jax.models import CheckpointError, Model, lora
 from ragen_jax.models.config import DTYPES, ModelConfig
 from ragen_jax.models.gguf_convert import bundled_tokenizer_dir
 from ragen_jax.models.hf_io import TOKENIZER_FILES, read_hf_config
@@ -54,6 +54,7 @@ from ragen_jax.trajectories import TrajectoryWriter
 
 GIB = 2**30
 BUNDLED_SHAPE = "smollm2-135m"  # model.path "" (the bundled SmolLM2-135M-Instruct)
+LORA_RANK = 64  # the adapters' rank the search for a setting that fits tries
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,33 +253,37 @@ def _memory(name: str, compiled, held: int) -> PhaseMemory:
 
 def compile_iteration(model_config: ModelConfig, settings: Settings, mesh, source, seed: int = 0):
   """(abstract inputs, {phase: compiled}) of one training iteration, built as the trainer builds them
-  (`trainer.initial_state`, `reference_params`, `Trainer.train_iteration`). The inputs: policy, state, reference
-  (None without the KL loss), batch and scores. Every call of the phases is here."""
+  (`trainer.initial_state`, `reference_params`, `Trainer.train_iteration`). The inputs: policy (the loaded
+  weights, with LoRA the base and fresh adapters), state, reference (None without the KL loss), batch and scores.
+  Every call of the phases is here."""
   update = settings.update_config()
   batch_size = update.batch_size
   policy = _with_shardings(abstract_params(model_config), param_shardings(model_config, mesh))
+  base, trained = lora.split(model_config, policy)  # with LoRA the state holds the adapters, over a frozen base
   critic = None
   if update.algorithm.use_critic:
-    critic = _with_shardings(abstract_params(model_config, True), param_shardings(model_config, mesh, True))
+    critic = lora.split(model_config, _with_shardings(abstract_params(model_config, True),
+                                                      param_shardings(model_config, mesh, True)))[1]
   diagnostics = None if update.diagnostics_fn is None else init_diagnostics_state(update.diagnostics_fn.cfg)
   init = jax.jit(lambda p, c: update_lib.in_layout(model_config, update, update_lib.init_train_state(
       update, p, jax.random.PRNGKey(seed), c, diagnostics)))  # the layout the trainer keeps the state in
   ref = None
-  if settings.algorithm.use_kl_loss:
+  if settings.algorithm.use_kl_loss:  # the base with adapters off under LoRA
     ref_dtype = DTYPES[settings.model.reference_dtype]
-    ref = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, ref_dtype, sharding=a.sharding), policy)
+    ref = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, ref_dtype, sharding=a.sharding),
+                       policy if base is None else base)
   empty = jax.eval_shape(lambda: TrajectoryWriter.empty(batch_size, source.seq_len, settings.rollout.max_turns)
                          .finish(jnp.zeros(batch_size, bool), jnp.zeros(batch_size, jnp.int32)))
   batch = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=input_sharding(mesh, a.shape)),
                        empty)
   compiled = {}
   with jax.set_mesh(mesh):
-    state = _outputs(init.lower(policy, critic).compile())
-    compiled |= compile_rollout(model_config, source, state.policy, batch_size, mesh)
-    compiled["score"] = update_lib.score.lower(model_config, update, state, ref, batch).compile()
+    state = _outputs(init.lower(trained, critic).compile())
+    compiled |= compile_rollout(model_config, source, lora.combine(base, state.policy), batch_size, mesh)
+    compiled["score"] = update_lib.score.lower(model_config, update, state, ref, batch, base).compile()
     scores = _outputs(compiled["score"])
-    compiled["diagnose"] = update_lib.diagnose.lower(model_config, update, state, batch, scores).compile()
-    compiled["learn"] = update_lib.learn.lower(model_config, update, state, batch, scores).compile()
+    compiled["diagnose"] = update_lib.diagnose.lower(model_config, update, state, batch, scores, base).compile()
+    compiled["learn"] = update_lib.learn.lower(model_config, update, state, batch, scores, base).compile()
   return {"policy": policy, "state": state, "ref": ref, "batch": batch, "scores": scores}, compiled
 
 
@@ -308,9 +313,18 @@ def kv_cache_bytes(model_config: ModelConfig, mesh, batch_size: int, slots: int)
 
 
 # ---- FLOPs ------------------------------------------------------------------------------------------------------
+def projection_shapes(c: ModelConfig) -> dict[str, tuple[int, int]]:
+  """(inputs, outputs) of each projection of a decoder layer."""
+  d, q, kv, mlp = c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size
+  return {"q_proj": (d, q), "k_proj": (d, kv), "v_proj": (d, kv), "o_proj": (q, d), "gate_proj": (d, mlp),
+          "up_proj": (d, mlp), "down_proj": (mlp, d)}
+
+
 def layer_matmul_params(c: ModelConfig) -> int:
-  """Weights of one decoder layer's matmuls (q, k, v, o and the SwiGLU MLP)."""
-  return c.hidden_size * c.head_dim * (2 * c.num_heads + 2 * c.num_kv_heads) + 3 * c.hidden_size * c.intermediate_size
+  """Weights of one decoder layer's matmuls (q, k, v, o, the SwiGLU MLP, and LoRA adapters' two factors)."""
+  shapes = projection_shapes(c)
+  adapters = 0 if c.lora is None else sum(c.lora.rank * sum(shapes[name]) for name in c.lora.projections)
+  return sum(i * o for i, o in shapes.values()) + adapters
 
 
 def forward_flops(c: ModelConfig, tokens: int, key_pairs: int, head_tokens: int) -> float:
@@ -350,8 +364,10 @@ def rollout_flops(c: ModelConfig, source, batch_size: int) -> float:
 
 def update_flops(c: ModelConfig, settings: Settings, seq_len: int) -> dict[str, float]:
   """{"score", "learn"}: the update's FLOPs on a full batch (no group filtered out): the scoring forwards, and per
-  PPO epoch forward + backward (backward = 2 forwards) plus what remat recomputes (`full`: every layer's forward,
-  `dots`: no matmul; `logits_chunk`: the LM head's forward)."""
+  PPO epoch forward + backward (backward = 2 forwards: the inputs' and the weights' gradients; under LoRA the
+  frozen weights get none, so it counts as 1 forward plus the adapters' weight gradients, which a second trunk
+  forward bounds) plus what remat recomputes (`full`: every layer's forward, `dots`: no matmul; `logits_chunk`:
+  the LM head's forward)."""
   update = settings.update_config()
   tokens = update.batch_size * seq_len
   pairs = update.batch_size * causal_key_pairs(seq_len)
@@ -359,7 +375,8 @@ def update_flops(c: ModelConfig, settings: Settings, seq_len: int) -> dict[str, 
   head = forward_flops(c, 0, 0, tokens)
   score = trunk + head + (trunk + head if settings.algorithm.use_kl_loss else 0.0)
   recompute = (trunk if c.remat == "full" else 0.0) + (head if c.logits_chunk else 0.0)
-  learn = 3 * (trunk + head) + recompute
+  head_passes = 3 if c.lora is None else 2  # the LM head's weights are frozen under LoRA
+  learn = 3 * trunk + head_passes * head + recompute
   if settings.algorithm.use_critic:
     score += trunk
     learn += 3 * trunk + (trunk if c.remat == "full" else 0.0)
@@ -391,21 +408,24 @@ def plan(config, plan_config: PlanConfig, overrides: dict | None = None) -> Plan
   inputs, compiled = compile_iteration(model_config, settings, mesh, source, config.seed)
   state, ref, batch, scores = inputs["state"], inputs["ref"], inputs["batch"], inputs["scores"]
   loaded, policy = device_bytes(inputs["policy"]), device_bytes(state.policy)
+  frozen = device_bytes(lora.split(model_config, inputs["policy"])[0] or {})  # the base under LoRA adapters
   ref_bytes = device_bytes(ref) if ref is not None else 0
   shared_ref = ref is not None and settings.model.reference_dtype == model_config.param_dtype
-  kept = loaded + device_bytes(state) + (0 if shared_ref or ref is None else ref_bytes)  # trainer.exp keeps `loaded`
+  # the rollout's token tables stay on the device for the whole run (the source holds them)
+  tables = sum(x.nbytes for x in jax.tree.leaves(getattr(source, "assets", None)) if isinstance(x, jax.Array))
+  kept = loaded + device_bytes(state) + (0 if shared_ref or ref is None else ref_bytes) + tables  # + trainer.exp's
   held = {"score": kept + device_bytes(batch), "diagnose": kept + device_bytes((batch, scores))}
   held["learn"] = held["diagnose"]
   for name in ("rollout", "prefill", "decode"):  # their other arguments: env states or sampler state, tables
     if name in compiled:
-      held[name] = kept + compiled[name].memory_analysis().argument_size_in_bytes - policy
+      held[name] = kept + compiled[name].memory_analysis().argument_size_in_bytes - policy - frozen - tables
   batch_size = settings.update_config().batch_size
   slots = source.seq_len + (settings.rollout.max_new_tokens if not isinstance(source, DeviceSource) else 0)
   memory = {"parameters": policy, "optimizer": device_bytes(state.policy_opt),
             "critic": device_bytes((state.critic, state.critic_opt)), "loaded weights": loaded,
             "reference": 0 if shared_ref else ref_bytes, "KV cache": kv_cache_bytes(model_config, mesh, batch_size,
                                                                                   slots),
-            "batch + scores": device_bytes((batch, scores))}
+            "batch + scores": device_bytes((batch, scores)), "token tables": tables}
   flops = {"rollout": rollout_flops(model_config, source, batch_size)}
   flops |= update_flops(model_config, settings, source.seq_len)
   return Plan(model=settings.model.path or BUNDLED_SHAPE,
@@ -417,8 +437,8 @@ def plan(config, plan_config: PlanConfig, overrides: dict | None = None) -> Plan
 
 def cheaper_settings(config, plan_config: PlanConfig) -> list[dict]:
   """Overrides to try, cheapest first, each adding to the one before: remat and LM-head chunks (no lost
-  throughput), a bfloat16 reference, smaller micro-batches, all devices on fsdp; then 2x and 4x the devices, each
-  alone and with all of those."""
+  throughput), a bfloat16 reference, smaller micro-batches, all devices on fsdp, LoRA adapters of rank
+  `LORA_RANK` and then a bfloat16 frozen base; then 2x and 4x the devices, each alone and with all of those."""
   model, train, mesh = config.model, config.train, config.mesh
   steps = []
   if model.remat != "full":
@@ -433,6 +453,10 @@ def cheaper_settings(config, plan_config: PlanConfig) -> list[dict]:
     steps.append({"train.micro_batch_size": micro})
   if (mesh.data, mesh.fsdp, mesh.tensor) != (1, -1, 1):
     steps.append({"mesh.data": 1, "mesh.fsdp": -1, "mesh.tensor": 1})
+  if not model.lora.rank:  # LoRA changes what is trained, so it comes after the settings that do not
+    steps.append({"model.lora.rank": LORA_RANK})
+  if model.param_dtype != "bfloat16":  # under LoRA the frozen base only (the adapters stay float32)
+    steps.append({"model.param_dtype": "bfloat16"})
   ladder, total = [], {}
   for step in steps:
     total = total | step
