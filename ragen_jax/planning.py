@@ -320,11 +320,15 @@ def projection_shapes(c: ModelConfig) -> dict[str, tuple[int, int]]:
           "up_proj": (d, mlp), "down_proj": (mlp, d)}
 
 
+def adapter_matmul_params(c: ModelConfig) -> int:
+  """Weights of one decoder layer's LoRA adapters (both factors; 0 without LoRA)."""
+  shapes = projection_shapes(c)
+  return 0 if c.lora is None else sum(c.lora.rank * sum(shapes[name]) for name in c.lora.projections)
+
+
 def layer_matmul_params(c: ModelConfig) -> int:
   """Weights of one decoder layer's matmuls (q, k, v, o, the SwiGLU MLP, and LoRA adapters' two factors)."""
-  shapes = projection_shapes(c)
-  adapters = 0 if c.lora is None else sum(c.lora.rank * sum(shapes[name]) for name in c.lora.projections)
-  return sum(i * o for i, o in shapes.values()) + adapters
+  return sum(i * o for i, o in projection_shapes(c).values()) + adapter_matmul_params(c)
 
 
 def forward_flops(c: ModelConfig, tokens: int, key_pairs: int, head_tokens: int) -> float:
@@ -332,6 +336,16 @@ def forward_flops(c: ModelConfig, tokens: int, key_pairs: int, head_tokens: int)
   the LM head on `head_tokens` of them: 2 per multiply-add of every matmul and of attention's two products."""
   per_layer = 2 * tokens * layer_matmul_params(c) + 4 * key_pairs * c.num_heads * c.head_dim
   return c.num_layers * per_layer + 2 * head_tokens * c.hidden_size * c.vocab_size
+
+
+def train_pass_flops(c: ModelConfig, tokens: int, key_pairs: int, head_tokens: int) -> float:
+  """`forward_flops` and the backward: the inputs' gradients (one forward again) and the weights' gradients (one
+  forward of the trained weights' matmuls: all of them, or under LoRA the adapters only; attention has none, so
+  counting it there too makes this an upper bound)."""
+  forward = forward_flops(c, tokens, key_pairs, head_tokens)
+  if c.lora is None:
+    return 3 * forward
+  return 2 * forward + 2 * tokens * c.num_layers * adapter_matmul_params(c)
 
 
 def causal_key_pairs(length: int, block: int = QUERY_BLOCK) -> int:
@@ -364,22 +378,19 @@ def rollout_flops(c: ModelConfig, source, batch_size: int) -> float:
 
 def update_flops(c: ModelConfig, settings: Settings, seq_len: int) -> dict[str, float]:
   """{"score", "learn"}: the update's FLOPs on a full batch (no group filtered out): the scoring forwards, and per
-  PPO epoch forward + backward (backward = 2 forwards: the inputs' and the weights' gradients; under LoRA the
-  frozen weights get none, so it counts as 1 forward plus the adapters' weight gradients, which a second trunk
-  forward bounds) plus what remat recomputes (`full`: every layer's forward, `dots`: no matmul; `logits_chunk`:
-  the LM head's forward)."""
+  PPO epoch a forward and backward (`train_pass_flops`) plus what remat recomputes (`full`: every layer's forward,
+  `dots`: no matmul; `logits_chunk`: the LM head's forward)."""
   update = settings.update_config()
   tokens = update.batch_size * seq_len
   pairs = update.batch_size * causal_key_pairs(seq_len)
   trunk = forward_flops(c, tokens, pairs, 0)
   head = forward_flops(c, 0, 0, tokens)
   score = trunk + head + (trunk + head if settings.algorithm.use_kl_loss else 0.0)
-  recompute = (trunk if c.remat == "full" else 0.0) + (head if c.logits_chunk else 0.0)
-  head_passes = 3 if c.lora is None else 2  # the LM head's weights are frozen under LoRA
-  learn = 3 * trunk + head_passes * head + recompute
-  if settings.algorithm.use_critic:
+  recompute = trunk if c.remat == "full" else 0.0
+  learn = train_pass_flops(c, tokens, pairs, tokens) + recompute + (head if c.logits_chunk else 0.0)
+  if settings.algorithm.use_critic:  # the trunk again, with a value head of one output
     score += trunk
-    learn += 3 * trunk + (trunk if c.remat == "full" else 0.0)
+    learn += train_pass_flops(c, tokens, pairs, 0) + recompute
   return {"score": score, "learn": update.ppo_epochs * learn}
 
 
