@@ -10,10 +10,11 @@ Sources (Cloud TPU docs, https://cloud.google.com/tpu/docs/):
        with N = chips, so v5litepod-16 = 16 chips (4x4) on 4 hosts of 4 chips.
   v5p: topology table in tpu/docs/v5p: 2x4x4 = 64 cores = 32 chips = 8 hosts,
        so v5p-64 counts TensorCores and has 32 chips.
-Sizing rule: `fsdp` shards parameters and optimizer state so a ~3B-parameter
-policy in float32 with Adam (~48 GB) fits with room for activations and the
-KV cache (<= ~12 GB per device; v5e chips have 16 GB), `data` takes the rest,
-`tensor` stays 1 for models this small.
+Sizing rule: every device on `fsdp` (parameters, optimizer state and the PPO
+critic sharded as thinly as the slice allows), `tensor` 1 for models this small.
+`python -m ragen_jax.plan` checked the paper setting at Qwen2.5-3B: PPO on a
+v5e-16 peaks at 15.4 GiB per 16 GiB chip with fsdp=16 and 23.9 GiB with
+data=2 x fsdp=8 (docs/scale_out.md has the table for other slices and sizes).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ PRESETS: dict[str, MeshPreset] = {
     "gpu1": MeshPreset(data=1, fsdp=1, tensor=1, devices=1),
     "gpu8": MeshPreset(data=1, fsdp=8, tensor=1, devices=8),
     "v4-8": MeshPreset(data=1, fsdp=4, tensor=1, devices=4, hosts=1, accelerator_type="v4-8"),
-    "v5e-16": MeshPreset(data=2, fsdp=8, tensor=1, devices=16, hosts=4, accelerator_type="v5litepod-16"),
+    "v5e-16": MeshPreset(data=1, fsdp=16, tensor=1, devices=16, hosts=4, accelerator_type="v5litepod-16"),
     "v5p-64": MeshPreset(data=8, fsdp=4, tensor=1, devices=32, hosts=8, accelerator_type="v5p-64"),
 }
 

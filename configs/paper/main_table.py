@@ -6,10 +6,12 @@
 The argument is "ENV,PRESET": ENV in sokoban, frozenlake, countdown, math; PRESET in
 ppo, grpo, dapo, drgrpo. 8 groups x 16 episodes, 5 turns x 400 new tokens (1 turn for
 countdown and math), clip 0.2/0.28, dual clip 3, entropy 0.001, no KL, SNR-Aware
-Filtering top_p rho 0.9, 400 iterations. Expected hardware: Qwen2.5-3B in bfloat16
-compute on a TPU v5e-16 / v4-8 slice or 8 GPUs with fsdp over the chips
-(docs/scale_out.md, launch/mesh_presets.py). Set --config.filter.enabled=False for the
-no-filter baseline of the table.
+Filtering top_p rho 0.9, 400 iterations. Hardware, as `python -m ragen_jax.plan` plans
+Qwen2.5-3B in bfloat16 compute with every chip on fsdp (docs/scale_out.md has the table):
+PPO (with its critic) fits a TPU v5e-16 (15.4 of 16 GiB per chip, little room), a v6e-8,
+a v5p-8 or 8 H100s, and a v4-8 or v5e-8 with LoRA (--config.model.lora.rank=64
+--config.model.param_dtype=bfloat16: 24.2 and 14.2 GiB); GRPO fits all of those but a
+v5e-8 without LoRA. Set --config.filter.enabled=False for the no-filter baseline of the table.
 """
 
 from configs import base

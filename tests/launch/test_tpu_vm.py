@@ -132,7 +132,7 @@ def test_run_trains_on_all_workers_and_streams_the_log(dry_run):
   assert remote_command(argv) == [
       "cd", "ragen_jax", "&&", "mkdir", "-p", "logs", "&&", "set", "-o", "pipefail", "&&",
       "env", "TPU_STDERR_LOG_LEVEL=0", ".venv/bin/python", "-m", "ragen_jax.train", f"--config={TRAIN_CONFIG}",
-      "--config.distributed.enabled=True", "--config.mesh.data=2", "--config.mesh.fsdp=8",
+      "--config.distributed.enabled=True", "--config.mesh.data=1", "--config.mesh.fsdp=16",
       "--config.mesh.tensor=1", "--config.workdir=gs://my-bucket/runs/a", f"--config.prompt={HOSTILE}",
       "2", ">&", "1", "|", "tee", "-a", "logs/train.log"]
 
