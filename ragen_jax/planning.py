@@ -397,7 +397,11 @@ def update_flops(c: ModelConfig, settings: Settings, seq_len: int) -> dict[str, 
 # ---- planning ---------------------------------------------------------------------------------------------------
 def plan(config, plan_config: PlanConfig, overrides: dict | None = None) -> Plan:
   """The plan of training `config` on `plan_config`'s slice (the backend must already have the devices:
-  `use_cpu_devices`). `overrides`: dotted config keys (and `devices`) to change first."""
+  `use_cpu_devices`). `overrides`: dotted config keys (and `devices`) to change first.
+
+  Clears JAX's in-memory caches of compiled programs before returning: XLA:CPU maps each executable's code in
+  thousands of memory maps (a 3B iteration's programs about 3,000), which JAX's caches keep alive, and a dozen
+  plans would pass the kernel's default limit of 65,530 maps per process (LLVM then aborts the process)."""
   overrides = dict(overrides or {})
   config = copy.deepcopy(config)
   devices = overrides.get("devices", plan_config.devices)
@@ -439,11 +443,13 @@ def plan(config, plan_config: PlanConfig, overrides: dict | None = None) -> Plan
             "batch + scores": device_bytes((batch, scores)), "token tables": tables}
   flops = {"rollout": rollout_flops(model_config, source, batch_size)}
   flops |= update_flops(model_config, settings, source.seq_len)
+  phases = tuple(_memory(name, c, held[name]) for name, c in compiled.items())
+  del compiled
+  jax.clear_caches()
   return Plan(model=settings.model.path or BUNDLED_SHAPE,
               num_params=sum(x.size for x in jax.tree.leaves(inputs["policy"])), devices=devices,
               chip=plan_config.chip, mesh=dict(mesh.shape), seq_len=source.seq_len, overrides=overrides,
-              memory=memory, phases=tuple(_memory(name, c, held[name]) for name, c in compiled.items()),
-              flops=flops)
+              memory=memory, phases=phases, flops=flops)
 
 
 def cheaper_settings(config, plan_config: PlanConfig) -> list[dict]:

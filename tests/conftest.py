@@ -8,6 +8,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 # pylint: disable=wrong-import-position
 import dataclasses
+import gc
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +24,17 @@ from ragen_jax.models.tokenizer import train_tokenizer
 from ragen_jax.rollout import prompt
 from ragen_jax.rollout.episodes import RolloutConfig, build_assets, render_batch, reset_batch, unbatch
 from ragen_jax.sft import fit, lr_schedule
+
+
+@pytest.fixture(scope="module", autouse=True)
+def release_compiled_programs():
+  """Drops JAX's in-memory caches of compiled programs after each test module: XLA:CPU maps each executable's code
+  in many memory maps (a trainer's programs take thousands), the caches keep them alive, and a worker running half
+  the suite would pass the kernel's default limit of 65,530 maps (LLVM then aborts the worker). Later modules
+  reload what they share from the persistent compilation cache below."""
+  yield
+  jax.clear_caches()
+  gc.collect()
 
 
 @pytest.fixture(scope="session", autouse=True)
