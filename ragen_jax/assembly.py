@@ -220,9 +220,12 @@ def build_experiment(config, rollout: RolloutConfig, mesh: jax.sharding.Mesh,
 
 def build_source(config, rollout: RolloutConfig, model: Model, tokenizer, env_name: str | None = None) -> RolloutSource:
   """The rollout source of `env_name` (default `env.name`) for `model` on its mesh (only its config and mesh are
-  read here: its params may be abstract, as the plan command's are)."""
+  read here: its params may be abstract, as the plan command's are). The sampler decodes with LoRA adapters merged
+  into the weights (`lora.merge`: `bench/sampler.py` measured it faster than the adapters in the forward), so the
+  source's model has no adapters and `run` takes merged weights."""
   name = config.env.name if env_name is None else env_name
   env, env_params = _environment(name, config.env.params.to_dict())
+  model = dataclasses.replace(model, config=lora_lib.without(model.config))
   if name in host_envs.REGISTRY:
     return TextSource(model=model, tokenizer=tokenizer, vocab=env_text.Vocab(tokenizer).table, make_env=env,
                       config=rollout)

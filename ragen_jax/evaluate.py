@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 from ragen_jax import config as config_lib
 from ragen_jax import mesh as mesh_lib
 from ragen_jax.assembly import build_experiment, build_mesh, check_model_and_env
+from ragen_jax.models import lora
 from ragen_jax.report.startup import quiet_library_logs, startup_lines
 from ragen_jax.report.transcripts import decode_episodes, first_episodes, transcript_text
 from ragen_jax.report.writer import TRANSCRIPTS_FILE, dump_json, json_ready, write_jsonl
@@ -54,7 +55,8 @@ def evaluate_env(exp, k: int, val: TrainConfig) -> tuple[dict[str, float], Traje
   """The validation seeds of `val`, `k` samples each at the validation temperature: (metrics, host trajectories)."""
   seeds = np.repeat(val.val_seeds(), k)
   group_ids = np.repeat(np.arange(val.val_episodes), k)
-  traj = mesh_lib.fetch(exp.source.run(exp.model.params, seeds, group_ids, jax.random.PRNGKey(exp.config.seed),
+  sampled = lora.merge(exp.model.config, exp.model.params)  # the sampler decodes with LoRA adapters merged
+  traj = mesh_lib.fetch(exp.source.run(sampled, seeds, group_ids, jax.random.PRNGKey(exp.config.seed),
                                        split="validation"))
   metrics = {name.split("/", 1)[1]: value for name, value in rollout_metrics(traj, "eval").items()}
   successes = np.asarray(traj.success).reshape(-1, k)

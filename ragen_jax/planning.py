@@ -279,7 +279,9 @@ def compile_iteration(model_config: ModelConfig, settings: Settings, mesh, sourc
   compiled = {}
   with jax.set_mesh(mesh):
     state = _outputs(init.lower(trained, critic).compile())
-    compiled |= compile_rollout(model_config, source, lora.combine(base, state.policy), batch_size, mesh)
+    # the sampler decodes with LoRA adapters merged: weights of the base's shapes and shardings, a copy
+    compiled |= compile_rollout(lora.without(model_config), source, state.policy if base is None else base,
+                                batch_size, mesh)
     compiled["score"] = update_lib.score.lower(model_config, update, state, ref, batch, base).compile()
     scores = _outputs(compiled["score"])
     compiled["diagnose"] = update_lib.diagnose.lower(model_config, update, state, batch, scores, base).compile()
@@ -433,7 +435,8 @@ def plan(config, plan_config: PlanConfig, overrides: dict | None = None) -> Plan
   held["learn"] = held["diagnose"]
   for name in ("rollout", "prefill", "decode"):  # their other arguments: env states or sampler state, tables
     if name in compiled:
-      held[name] = kept + compiled[name].memory_analysis().argument_size_in_bytes - policy - frozen - tables
+      # the policy's own arrays, or under LoRA a merged copy of the base (`Trainer.rollout_params`): new bytes
+      held[name] = kept + compiled[name].memory_analysis().argument_size_in_bytes - tables - (0 if frozen else policy)
   batch_size = settings.update_config().batch_size
   slots = source.seq_len + (settings.rollout.max_new_tokens if not isinstance(source, DeviceSource) else 0)
   memory = {"parameters": policy, "optimizer": device_bytes(state.policy_opt),

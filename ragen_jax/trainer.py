@@ -171,6 +171,10 @@ class Trainer:
     self.state = initial_state(exp, self.update_config, exp.config.seed)
     self.base = lora.split(exp.model.config, exp.model.params)[0]  # frozen weights under LoRA adapters, or None
     frozen = exp.model.params if self.base is None else self.base  # the reference: the base with adapters off
+    if self.base is not None:
+      shardings = jax.tree.map(lambda x: x.sharding, self.base)
+      self._merge = jax.jit(lambda base, adapters: lora.merge(exp.model.config, lora.combine(base, adapters)),
+                            out_shardings=shardings)
     self.ref_params = (reference_params(frozen, settings.model.reference_dtype)
                        if settings.algorithm.use_kl_loss else None)
     self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"), settings.train.checkpoint_every,
@@ -199,10 +203,17 @@ class Trainer:
     """All the current policy's params (with LoRA, the frozen base and the trained adapters in one tree)."""
     return lora.combine(self.base, self.state.policy)
 
+  def rollout_params(self) -> dict:
+    """The policy's weights as the sampler decodes with them: LoRA adapters merged into their kernels (a copy of
+    the base weights in their shardings, made once per rollout); without LoRA, the policy itself."""
+    if self.base is None:
+      return self.state.policy
+    return self._merge(self.base, self.state.policy)
+
   def validation_rollout(self) -> Trajectories:
     """One episode per fixed validation seed, with the same sampling key every time."""
     seeds = self.settings.train.val_seeds()
-    return self.exp.source.run(self.policy_params(), seeds, np.arange(len(seeds)),
+    return self.exp.source.run(self.rollout_params(), seeds, np.arange(len(seeds)),
                                jax.random.PRNGKey(self.settings.train.val_seed_start), split="validation")
 
   def validate(self) -> dict[str, float]:
@@ -238,7 +249,7 @@ class Trainer:
       clock = now
       return result
 
-    traj = finish("rollout", exp.source.run(self.policy_params(), seeds, group_ids, key))
+    traj = finish("rollout", exp.source.run(self.rollout_params(), seeds, group_ids, key))
     with jax.set_mesh(exp.mesh):
       scores = finish("scoring", update_lib.score(model_config, update, self.state, self.ref_params, traj, self.base))
       self.state, diag_metrics = finish("diagnostics", update_lib.diagnose(model_config, update, self.state, traj,

@@ -77,8 +77,11 @@ def test_planned_peak_within_2x_of_a_run(lora_rank):
 
   model_config, state = trainer.exp.model.config, trainer.state
   base = trainer.base
-  traj = phase("rollout", lambda: trainer.exp.source.run(trainer.policy_params(), seeds, group_ids,
-                                                         jax.random.PRNGKey(0)))
+  sampled = trainer.rollout_params()  # under LoRA the merged copy the trainer makes before the rollout
+  live = _live_bytes(device) - baseline
+  traj = phase("rollout", lambda: trainer.exp.source.run(sampled, seeds, group_ids, jax.random.PRNGKey(0)))
+  sampled = None  # freed after the rollout, as in the trainer
+  live = _live_bytes(device) - baseline
   with jax.set_mesh(trainer.exp.mesh):
     scores = phase("score", lambda: update_lib.score(model_config, update, state, trainer.ref_params, traj, base))
     state, _ = phase("diagnose", lambda: update_lib.diagnose(model_config, update, state, traj, scores, base))

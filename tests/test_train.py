@@ -315,7 +315,7 @@ def test_lora_trains_and_saves_the_adapters_only_over_a_shared_frozen_base(reply
   assert paths(restored.policy) == paths(trainer.state.policy)
   trainer.checkpointer.close()
   trainer.export_policy(str(tmp_path / "final_model"))
-  tokens = np.asarray(trainer.exp.source.run(trainer.policy_params(), np.arange(8), np.repeat(np.arange(2), 4),
+  tokens = np.asarray(trainer.exp.source.run(trainer.rollout_params(), np.arange(8), np.repeat(np.arange(2), 4),
                                              jax.random.PRNGKey(0)).tokens)
   adapted = np.asarray(forward_logits(model_config, trainer.policy_params(), tokens))
   merged = load_pretrained(tmp_path / "final_model")  # the merged export: a plain checkpoint
