@@ -9,7 +9,8 @@ and computes `x W + (alpha / r) (x a) b`, PEFT's LoRA. The parameter tree is the
   back together (no copy: the same arrays in one tree).
 * The frozen reference model under LoRA is the base with adapters off: `without(config)` and the base tree, no
   second copy of the weights.
-* `merge` folds the adapters into the kernels (the merged model transformers loads); `save_adapters` and
+* `merge` folds the adapters into the kernels: the sampler decodes with merged weights (faster than the adapters
+  in the forward, `bench/sampler.py`), and the merged model is what transformers loads; `save_adapters` and
   `load_adapters` write and read the adapters alone in PEFT's layout (`adapter_config.json`,
   `adapter_model.safetensors`), which `peft.PeftModel.from_pretrained` loads onto the transformers model.
 
