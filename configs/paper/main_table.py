@@ -10,7 +10,7 @@ Filtering top_p rho 0.9, 400 iterations. Hardware, as `python -m ragen_jax.plan`
 Qwen2.5-3B in bfloat16 compute with every chip on fsdp (docs/scale_out.md has the table):
 PPO (with its critic) fits a TPU v5e-16 (15.4 of 16 GiB per chip, little room), a v6e-8,
 a v5p-8 or 8 H100s, and a v4-8 or v5e-8 with LoRA (--config.model.lora.rank=64
---config.model.param_dtype=bfloat16: 24.2 and 14.2 GiB); GRPO fits all of those but a
+--config.model.param_dtype=bfloat16: 24.9 and 14.9 GiB); GRPO fits all of those but a
 v5e-8 without LoRA. Set --config.filter.enabled=False for the no-filter baseline of the table.
 """
 
