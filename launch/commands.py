@@ -1,12 +1,15 @@
-"""Shared by the launch scripts: checked flag values, the trainer command line, and running or printing a plan.
+"""Shared by the launch scripts: checked flag values, the trainer command line checked here as the trainer
+checks it, the loop that restarts a preempted trainer, and running or printing a plan.
 
 A plan is a list of argv lists. `--dry-run` prints each as one shell-quoted
 line (`shlex.join`), so what is printed is exactly what would run.
+Stdlib only, but for `check_train_flags`, which imports the trainer's config code.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import pathlib
 import re
 import shlex
@@ -15,6 +18,7 @@ import sys
 from collections.abc import Iterable, Sequence
 
 from launch import mesh_presets
+from ragen_jax.preemption import PREEMPTED_EXIT_CODE  # a stdlib-only module
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TRAIN_MODULE = "ragen_jax.train"
@@ -67,8 +71,22 @@ def env_assignment(value: str) -> tuple[str, str]:
 def mesh_preset(value: str) -> str:
   """argparse type: the name of a preset in launch.mesh_presets."""
   if value not in mesh_presets.PRESETS:
-    raise argparse.ArgumentTypeError(f"unknown mesh preset {value!r}; known: {', '.join(mesh_presets.PRESETS)}")
+    raise argparse.ArgumentTypeError(mesh_presets.unknown_preset_message(value))
   return value
+
+
+def count(value: str) -> int:
+  """argparse type: an integer >= 0."""
+  if not value.isdigit():
+    raise argparse.ArgumentTypeError(f"{value!r}: expected an integer >= 0")
+  return int(value)
+
+
+def positive(value: str) -> int:
+  """argparse type: an integer >= 1."""
+  if not value.isdigit() or int(value) < 1:
+    raise argparse.ArgumentTypeError(f"{value!r}: expected an integer >= 1")
+  return int(value)
 
 
 def gcs_path(value: str) -> str:
@@ -89,9 +107,50 @@ def merge_settings(*groups: Iterable[tuple[str, str]]) -> dict[str, str]:
   return merged
 
 
+def train_flags(config: str, settings: dict[str, str]) -> list[str]:
+  """`--config=FILE --config.KEY=VALUE ...`."""
+  return [f"--config={config}", *(f"--config.{k}={v}" for k, v in settings.items())]
+
+
 def train_argv(python: str, config: str, settings: dict[str, str]) -> list[str]:
   """`python -m ragen_jax.train --config=FILE --config.KEY=VALUE ...`."""
-  return [python, "-m", TRAIN_MODULE, f"--config={config}", *(f"--config.{k}={v}" for k, v in settings.items())]
+  return [python, "-m", TRAIN_MODULE, *train_flags(config, settings)]
+
+
+def check_train_flags(config: str, settings: dict[str, str], paths_on_workers: bool) -> None:
+  """Parses and validates the trainer's flags here, from the repo root, as `python -m ragen_jax.train` does
+  (`config.parse_config`, `trainer.read_settings`), before anything starts; a mistake exits with the trainer's
+  one-line `error: ...`. With `paths_on_workers`, `model.path` and `model.adapters` name files on the workers
+  (or gs://): their settings are checked, the files are not."""
+  try:  # jax and the trainer: only this check needs them
+    from ragen_jax import assembly, trainer
+    from ragen_jax import config as config_lib
+    from ragen_jax.models.scratch import SCRATCH_TINY
+  except ImportError as e:
+    sys.exit(f"error: checking the config needs the trainer's packages ({e}); run with .venv/bin/python "
+             "after `make install`")
+  with contextlib.chdir(ROOT):
+    parsed = config_lib.parse_config([TRAIN_MODULE, *train_flags(config, settings)])
+    try:
+      if paths_on_workers:
+        assembly.ModelSettings(**parsed.model.to_dict())
+        parsed.model.path, parsed.model.adapters = SCRATCH_TINY, ""
+      trainer.read_settings(parsed)
+    except config_lib.UserError as e:
+      sys.exit(f"error: {e}")
+
+
+def restart_loop(argv: Sequence[str], max_restarts: int) -> str:
+  """A POSIX shell loop that runs `argv` again while it exits with PREEMPTED_EXIT_CODE (a preempted trainer that
+  saved a checkpoint: the next run resumes from its workdir), at most `max_restarts` times, logging each restart
+  to stderr; it exits with the job's last exit code."""
+  code = PREEMPTED_EXIT_CODE
+  log = f'echo "$(date -u +%FT%TZ) launch: exit {code} (preempted),'
+  return "; ".join([
+      "restarts=0", "while true", f"do {shlex.join(argv)}", "code=$?",
+      f'if [ "$code" -ne {code} ]; then exit "$code"; fi',
+      f'if [ "$restarts" -ge {max_restarts} ]; then {log} no restart left" >&2; exit "$code"; fi',
+      "restarts=$((restarts + 1))", f'{log} restart $restarts of {max_restarts}" >&2', "done"])
 
 
 def with_env(env: Sequence[tuple[str, str]], argv: list[str]) -> list[str]:

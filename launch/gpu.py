@@ -1,12 +1,16 @@
-"""NVIDIA GPU hosts: install the CUDA extra and train on all local GPUs (stdlib only).
+"""NVIDIA GPU hosts: install the CUDA extra and train on all local GPUs (stdlib only; `run` checks the config
+with the trainer's code first).
 
 Run from the repo root (the commands run there too):
 
   python -m launch.gpu install [--python=python3.11]
-  python -m launch.gpu run --config=configs/NAME.py [--mesh-preset=gpu8] [--gpus=0,1,2,3] \
-      [--workdir=runs/NAME] [--override=KEY=VALUE ...] [--env=NAME=VALUE ...]
+  python -m launch.gpu run --config=configs/NAME.py [--mesh-preset=gpu8 [--tensor=N]] [--gpus=0,1,2,3] \
+      [--workdir=runs/NAME] [--override=KEY=VALUE ...] [--env=NAME=VALUE ...] [--max-restarts=N]
 
-One process drives every visible GPU. Several hosts: start the same `run` on
+One process drives every visible GPU. `run` checks the config and every
+override as the trainer does before it starts, and restarts the trainer while
+it exits with ragen_jax.preemption.PREEMPTED_EXIT_CODE (preempted after a
+checkpoint; it resumes from its workdir). Several hosts: start the same `run` on
 each with `--coordinator=HOST:PORT --num-processes=N --process-id=I`; this
 turns on jax.distributed through RAGEN_COORDINATOR / RAGEN_NUM_PROCESSES /
 RAGEN_PROCESS_ID. `--dry-run` prints the exact commands instead of running them.
@@ -41,20 +45,6 @@ def coordinator(value: str) -> str:
   return value
 
 
-def _integer_at_least(value: str, minimum: int) -> int:
-  if not value.isdigit() or int(value) < minimum:
-    raise argparse.ArgumentTypeError(f"{value!r}: expected an integer >= {minimum}")
-  return int(value)
-
-
-def process_count(value: str) -> int:
-  return _integer_at_least(value, 1)
-
-
-def process_index(value: str) -> int:
-  return _integer_at_least(value, 0)
-
-
 def install_plan(args) -> list[list[str]]:
   """The pinned CPU environment (`make install`), then the CUDA extra of the same jax on top."""
   return [["make", "install", f"PY={args.python}"],
@@ -62,12 +52,15 @@ def install_plan(args) -> list[list[str]]:
 
 
 def run_plan(args) -> list[list[str]]:
-  """One trainer process over the local GPUs; with --coordinator, one of several jax.distributed processes."""
+  """One trainer process over the local GPUs (with --coordinator, one of several jax.distributed processes),
+  restarted while preempted; the flags are checked here first."""
   multi = (args.coordinator, args.num_processes, args.process_id)
   if any(v is not None for v in multi) and not all(v is not None for v in multi):
     raise ValueError("--coordinator, --num-processes and --process-id go together")
   if args.process_id is not None and args.process_id >= args.num_processes:
     raise ValueError(f"--process-id {args.process_id} must be below --num-processes {args.num_processes}")
+  if args.tensor > 1 and not args.mesh_preset:
+    raise ValueError("--tensor needs --mesh-preset (or set mesh.* with --override)")
   if args.mesh_preset and args.gpus:
     expected = mesh_presets.get_preset(args.mesh_preset).devices
     total = len(args.gpus.split(",")) * (args.num_processes or 1)
@@ -80,10 +73,12 @@ def run_plan(args) -> list[list[str]]:
             ("RAGEN_PROCESS_ID", str(args.process_id))]
   settings = commands.merge_settings(
       [("distributed.enabled", "True")] if args.coordinator else [],
-      mesh_presets.mesh_settings(args.mesh_preset).items() if args.mesh_preset else [],
+      mesh_presets.mesh_settings(args.mesh_preset, args.tensor).items() if args.mesh_preset else [],
       [("workdir", args.workdir)] if args.workdir else [],
       args.override)
-  return [commands.with_env(env + args.env, commands.train_argv(PYTHON, args.config, settings))]
+  commands.check_train_flags(args.config, settings, paths_on_workers=False)
+  train = commands.with_env(env + args.env, commands.train_argv(PYTHON, args.config, settings))
+  return [["sh", "-c", commands.restart_loop(train, args.max_restarts)]]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -100,15 +95,19 @@ def build_parser() -> argparse.ArgumentParser:
   p.set_defaults(plan=run_plan)
   p.add_argument("--config", type=commands.config_file, required=True, help="configs/NAME.py")
   p.add_argument("--mesh-preset", type=commands.mesh_preset, help=", ".join(mesh_presets.PRESETS))
+  p.add_argument("--tensor", type=commands.positive, default=1,
+                 help="tensor-parallel ways of the preset's mesh (must divide its devices; fsdp = devices / N)")
   p.add_argument("--gpus", type=gpu_list, help="CUDA_VISIBLE_DEVICES, e.g. 0,1,2,3 (default: all)")
   p.add_argument("--workdir", type=commands.one_line, help="run directory: a local path or gs://BUCKET/PATH")
   p.add_argument("--override", type=commands.config_override, action="append", default=[], metavar="KEY=VALUE",
                  help="extra --config.KEY=VALUE (repeatable)")
   p.add_argument("--env", type=commands.env_assignment, action="append", default=[], metavar="NAME=VALUE",
                  help="environment variable for the trainer (repeatable)")
+  p.add_argument("--max-restarts", type=commands.count, default=100,
+                 help="restarts of a trainer preempted after a checkpoint (exit code 75)")
   p.add_argument("--coordinator", type=coordinator, help="HOST:PORT of process 0 (multi-host only)")
-  p.add_argument("--num-processes", type=process_count, help="number of hosts (multi-host only)")
-  p.add_argument("--process-id", type=process_index, help="this host's index, below --num-processes")
+  p.add_argument("--num-processes", type=commands.positive, help="number of hosts (multi-host only)")
+  p.add_argument("--process-id", type=commands.count, help="this host's index, below --num-processes")
   return parser
 
 

@@ -1,20 +1,26 @@
-"""Cloud TPU VM lifecycle for ragen_jax: create, setup, run, logs, copy-results, delete (stdlib only).
+"""Cloud TPU VM lifecycle for ragen_jax: create, setup, run, logs, TensorBoard, copy-results, delete (stdlib only; `run`
+checks the config with the trainer's code first).
 
 Run from the repo root; every subcommand takes `--dry-run`, which prints the
 exact commands (one per line, shell-quoted) instead of running them:
 
-  python -m launch.tpu_vm create  my-tpu --zone=us-central2-b --accelerator-type=v4-8 [--spot]
+  python -m launch.tpu_vm create  my-tpu --zone=us-central2-b --accelerator-type=v4-8 [--spot | --reserved]
   python -m launch.tpu_vm status  my-tpu --zone=us-central2-b
   python -m launch.tpu_vm setup   my-tpu --zone=us-central2-b [--repo-url=URL] [--ref=REF]
   python -m launch.tpu_vm run     my-tpu --zone=us-central2-b --config=configs/NAME.py \
-      --mesh-preset=v4-8 --workdir=gs://BUCKET/runs/NAME [--override=KEY=VALUE ...] [--detach]
+      --mesh-preset=v4-8 [--tensor=N] --workdir=gs://BUCKET/runs/NAME [--override=KEY=VALUE ...] \
+      [--max-restarts=N] [--detach]
   python -m launch.tpu_vm logs    my-tpu --zone=us-central2-b [--follow]
   python -m launch.tpu_vm exec    my-tpu --zone=us-central2-b -- COMMAND ...
   python -m launch.tpu_vm copy-results my-tpu --zone=us-central2-b --run-dir=logs --dest=gs://BUCKET/x
   python -m launch.tpu_vm delete  my-tpu --zone=us-central2-b
+  python -m launch.tpu_vm tensorboard --logdir=gs://BUCKET/runs/NAME [--port=6006]
 
 The queued resource and its TPU node share the name. Remote paths are
-relative to the login user's home directory on each worker.
+relative to the login user's home directory on each worker. `run` checks the
+config and every override here, as the trainer does, before it sends anything,
+and restarts the trainer on each worker while it exits with
+ragen_jax.preemption.PREEMPTED_EXIT_CODE (preempted after a checkpoint).
 """
 
 from __future__ import annotations
@@ -30,17 +36,6 @@ from collections.abc import Sequence
 
 from launch import commands, mesh_presets
 
-# gcloud --runtime-version per TPU generation, from "TPU software versions"
-# (https://cloud.google.com/tpu/docs/runtimes): v6e v2-alpha-tpuv6e, v5p
-# v2-alpha-tpuv5, v5e v2-alpha-tpuv5-lite, v4 and older tpu-ubuntu2204-base.
-RUNTIME_VERSIONS = {
-    "v2": "tpu-ubuntu2204-base",
-    "v3": "tpu-ubuntu2204-base",
-    "v4": "tpu-ubuntu2204-base",
-    "v5litepod": "v2-alpha-tpuv5-lite",
-    "v5p": "v2-alpha-tpuv5",
-    "v6e": "v2-alpha-tpuv6e",
-}
 LOG_FILE = "logs/train.log"
 PID_FILE = "logs/train.pid"
 REMOTE_ARCHIVE = "ragen_jax-src.tar.gz"
@@ -73,9 +68,9 @@ def accelerator_type(value: str) -> str:
   generation, _, size = value.partition("-")
   if generation == "v5e":
     raise argparse.ArgumentTypeError(f"{value!r}: gcloud calls v5e 'v5litepod'; use v5litepod-{size or 'N'}")
-  if generation not in RUNTIME_VERSIONS or not size.isdigit() or int(size) < 1:
+  if generation not in mesh_presets.RUNTIME_VERSIONS or not size.isdigit() or int(size) < 1:
     raise argparse.ArgumentTypeError(f"{value!r}: expected GENERATION-SIZE with GENERATION one of "
-                                     f"{', '.join(RUNTIME_VERSIONS)} (e.g. v4-8, v5litepod-16, v5p-64)")
+                                     f"{', '.join(mesh_presets.RUNTIME_VERSIONS)} (e.g. v4-8, v5litepod-16, v5p-64)")
   return value
 
 
@@ -128,7 +123,7 @@ def local_archive(name: str) -> str:
 
 
 def create_plan(args) -> list[list[str]]:
-  runtime = args.runtime_version or RUNTIME_VERSIONS[args.accelerator_type.partition("-")[0]]
+  runtime = args.runtime_version or mesh_presets.RUNTIME_VERSIONS[args.accelerator_type.partition("-")[0]]
   return [["gcloud", "compute", "tpus", "queued-resources", "create", args.name, f"--node-id={args.name}",
            f"--zone={args.zone}", f"--accelerator-type={args.accelerator_type}", f"--runtime-version={runtime}",
            *_project(args), *(["--spot"] if args.spot else []), *(["--reserved"] if args.reserved else []),
@@ -164,17 +159,23 @@ def setup_plan(args) -> list[list[str]]:
 
 
 def run_plan(args) -> list[list[str]]:
-  """The trainer on every worker with jax.distributed on, logging to LOG_FILE (streamed unless --detach)."""
+  """The trainer on every worker with jax.distributed on, restarted while preempted, logging to LOG_FILE
+  (streamed unless --detach; detached, PID_FILE holds the id of the loop's process group). The flags are
+  checked here first."""
+  if args.tensor > 1 and not args.mesh_preset:
+    raise ValueError("--tensor needs --mesh-preset (or set mesh.* with --override)")
   settings = commands.merge_settings(
       [("distributed.enabled", "True")],
-      mesh_presets.mesh_settings(args.mesh_preset).items() if args.mesh_preset else [],
+      mesh_presets.mesh_settings(args.mesh_preset, args.tensor).items() if args.mesh_preset else [],
       [("workdir", args.workdir)],
       args.override)
-  train = shlex.join(commands.with_env(args.env, commands.train_argv(".venv/bin/python", args.config, settings)))
+  commands.check_train_flags(args.config, settings, paths_on_workers=True)
+  train = commands.with_env(args.env, commands.train_argv(".venv/bin/python", args.config, settings))
+  loop = shlex.join(["sh", "-c", commands.restart_loop(train, args.max_restarts)])
   if args.detach:
-    launch = f"{{ nohup {train} >> {LOG_FILE} 2>&1 < /dev/null & echo $! > {PID_FILE}; }}"
+    launch = f"{{ setsid nohup {loop} >> {LOG_FILE} 2>&1 < /dev/null & echo $! > {PID_FILE}; }}"
   else:
-    launch = f"set -o pipefail && {train} 2>&1 | tee -a {LOG_FILE}"
+    launch = f"set -o pipefail && {loop} 2>&1 | tee -a {LOG_FILE}"
   return [_ssh(args, _shell(["cd", args.remote_dir], ["mkdir", "-p", "logs"], launch))]
 
 
@@ -191,6 +192,11 @@ def copy_results_plan(args) -> list[list[str]]:
   """Mirrors a directory on one worker (process 0 by default, which writes reports) to gs://."""
   sync = ["gcloud", "storage", "rsync", "--recursive", args.run_dir, args.dest]
   return [_ssh(args, _shell(["cd", args.remote_dir], sync), on=args.worker)]
+
+
+def tensorboard_plan(args) -> list[list[str]]:
+  """TensorBoard on this machine over a run directory in gs:// (needs `pip install tensorboard gcsfs`)."""
+  return [["tensorboard", f"--logdir={args.logdir}", f"--port={args.port}"]]
 
 
 def delete_plan(args) -> list[list[str]]:
@@ -240,12 +246,16 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--workdir", type=commands.gcs_path, required=True,
                  help="gs:// run directory: checkpoints and reports from every host land there")
   p.add_argument("--mesh-preset", type=commands.mesh_preset, help=", ".join(mesh_presets.PRESETS))
+  p.add_argument("--tensor", type=commands.positive, default=1,
+                 help="tensor-parallel ways of the preset's mesh (must divide its chips; fsdp = chips / N)")
   p.add_argument("--override", type=commands.config_override, action="append", default=[], metavar="KEY=VALUE",
                  help="extra --config.KEY=VALUE (repeatable)")
   p.add_argument("--env", type=commands.env_assignment, action="append", default=[], metavar="NAME=VALUE",
                  help="environment variable for the trainer (repeatable)")
+  p.add_argument("--max-restarts", type=commands.count, default=100,
+                 help="restarts of a trainer preempted after a checkpoint (exit code 75) on each worker")
   p.add_argument("--detach", action="store_true",
-                 help=f"run under nohup (pid in {PID_FILE}); follow with `logs --follow`")
+                 help=f"run under nohup (process group id in {PID_FILE}); follow with `logs --follow`")
 
   p = sub.add_parser("exec", parents=[common], help="one command on the workers, output streamed")
   p.set_defaults(plan=exec_plan)
@@ -267,6 +277,12 @@ def build_parser() -> argparse.ArgumentParser:
 
   p = sub.add_parser("delete", parents=[common], help="delete the queued resource and its TPU VMs")
   p.set_defaults(plan=delete_plan)
+
+  p = sub.add_parser("tensorboard", help="TensorBoard here over a gs:// run directory")
+  p.set_defaults(plan=tensorboard_plan)
+  p.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
+  p.add_argument("--logdir", type=commands.gcs_path, required=True, help="gs://BUCKET/runs/NAME (or a parent)")
+  p.add_argument("--port", type=commands.positive, default=6006)
   return parser
 
 

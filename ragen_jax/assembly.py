@@ -17,7 +17,7 @@ import transformers
 import envs
 from envs import host as host_envs
 from envs import text as env_text
-from ragen_jax import distributed
+from ragen_jax import distributed, paths
 from ragen_jax import mesh as mesh_lib
 from ragen_jax.config import ENV_PARAMS, ConfigError, check, check_one_of, did_you_mean, parse_text
 from ragen_jax.finite import first_nonfinite
@@ -83,32 +83,42 @@ def check_model_and_env(config, env_name: str | None = None) -> None:
   check_model_path(settings.path)
   if settings.adapters:
     try:
-      lora_lib.check_adapter_dir(settings.adapters, settings.lora)
+      lora_lib.check_adapter_dir(staged_dir(settings.adapters, "model.adapters"), settings.lora)
     except CheckpointError as error:
       raise ConfigError(f"model.adapters={settings.adapters!r}: {error}") from error
   _environment(config.env.name if env_name is None else env_name, config.env.params.to_dict())
 
 
+def staged_dir(path: str, key: str, only: tuple[str, ...] | None = None) -> str:
+  """The local directory of `path`: itself, or for a `gs://` directory its copy on this host (`paths.staged`:
+  copied once, then reused by every process and every later run on the host; `only`: just these files)."""
+  try:
+    return paths.staged(path, only=only)
+  except (OSError, ImportError) as error:
+    raise ConfigError(f"{key}={path!r}: cannot copy it to this host ({type(error).__name__}: {error})") from error
+
+
 def check_model_path(path: str, key: str = "model.path") -> None:
   """Raises ConfigError unless `path` is "" (the bundled model), `scratch:tiny` or a model directory that loads
-  (`hf_io.check_model_dir`: config, weights, tokenizer, chat template)."""
+  (`hf_io.check_model_dir`: config, weights, tokenizer, chat template), local or on `gs://` (staged first)."""
   if path in ("", SCRATCH_TINY):
     return
   if path.startswith("scratch:"):
     raise ConfigError(f"{key}={path!r}: the built-in model is {SCRATCH_TINY!r}")
   try:
-    check_model_dir(path)
+    check_model_dir(staged_dir(path, key))
   except CheckpointError as error:
     raise ConfigError(f"{key}={path!r}: {error}") from error
 
 
 def load_model(path: str, mesh: jax.sharding.Mesh, key: str = "model.path", adapters: str = "",
                **computation) -> tuple[Model, object]:
-  """(model on `mesh`, tokenizer) of `path`: a local HF directory, "" for the bundled SmolLM2-135M-Instruct, or
-  `scratch:tiny` (`models.scratch.tiny_model` with the bundled tokenizer). `computation`: `ModelConfig` fields
-  (`ModelSettings.computation`); with `lora` the model carries the adapters of the PEFT directory `adapters`, or
-  fresh ones. Loaded weights must be finite."""
+  """(model on `mesh`, tokenizer) of `path`: an HF directory (local or `gs://`), "" for the bundled
+  SmolLM2-135M-Instruct, or `scratch:tiny` (`models.scratch.tiny_model` with the bundled tokenizer).
+  `computation`: `ModelConfig` fields (`ModelSettings.computation`); with `lora` the model carries the adapters of
+  the PEFT directory `adapters`, or fresh ones. Loaded weights must be finite."""
   check_model_path(path, key)
+  adapters = adapters and staged_dir(adapters, "model.adapters")
   try:
     if path == SCRATCH_TINY:
       tokenizer = transformers.AutoTokenizer.from_pretrained(bundled_tokenizer_dir())
@@ -117,7 +127,7 @@ def load_model(path: str, mesh: jax.sharding.Mesh, key: str = "model.path", adap
         base = lora_lib.split(model.config, model.params)[0]
         model = dataclasses.replace(model, params=lora_lib.combine(base, adapter_params(model.config, mesh, adapters)))
     else:
-      directory = path or str(bundled_model_dir())
+      directory = staged_dir(path, key) if path else str(bundled_model_dir())
       tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
       model = load_pretrained(directory, mesh=mesh, adapters=adapters, **computation)
   except CheckpointError as error:
@@ -209,9 +219,6 @@ def build_experiment(config, rollout: RolloutConfig, mesh: jax.sharding.Mesh,
   """Model, tokenizer and the rollout source of `env_name` (default `env.name`) on `mesh` (`build_mesh`);
   the settings were validated first (`check_model_and_env`)."""
   name = config.env.name if env_name is None else env_name
-  if jax.process_count() > 1 and name in host_envs.REGISTRY:
-    raise ConfigError(f"env {name!r} is a host text environment, whose rollout is not split over processes yet; "
-                      f"run it as one process (any number of local devices)")
   settings = ModelSettings(**config.model.to_dict())
   model, tokenizer = load_model(settings.path, mesh, adapters=settings.adapters, **settings.computation())
   source = build_source(config, rollout, model, tokenizer, name)

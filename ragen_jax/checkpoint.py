@@ -8,6 +8,10 @@
   step left in place would silently cancel every save up to it.
 * When checkpoints exist but none restores, `restore_latest` raises `RestoreError` instead of starting afresh,
   and moves nothing.
+* Saves run in the background (Orbax async): `maybe_save` returns once the state is copied off the devices, and
+  the next save, a restore, `wait` and `close` wait for it. A save is written to a temporary directory renamed
+  into place when complete, so a process killed mid-save leaves the previous checkpoint the newest (a later run's
+  first save deletes the leftovers).
 """
 
 from __future__ import annotations
@@ -17,9 +21,9 @@ import time
 
 import jax
 import orbax.checkpoint as ocp
-from etils import epath
 from jax.experimental import multihost_utils
 
+from ragen_jax import paths
 from ragen_jax.config import UserError
 from ragen_jax.finite import first_nonfinite
 
@@ -33,11 +37,9 @@ class Checkpointer:
 
   def __init__(self, directory: str, every: int, max_to_keep: int):
     self.every = every
-    if "://" not in directory:  # orbax wants absolute local paths; gs:// and other URLs pass through
-      directory = str(epath.Path(directory).absolute())
-    self.directory = epath.Path(directory)
-    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True, enable_async_checkpointing=False)
-    self._manager = ocp.CheckpointManager(directory, options=options)
+    self.directory = paths.path(directory)  # orbax wants absolute local paths; gs:// URLs pass through
+    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True, cleanup_tmp_directories=True)
+    self._manager = ocp.CheckpointManager(self.directory, options=options)
 
   def steps(self) -> list[int]:
     """The iterations that have a checkpoint, oldest first."""
@@ -45,7 +47,8 @@ class Checkpointer:
 
   def maybe_save(self, iteration: int, state, host_state: dict, force: bool = False) -> bool:
     """Saves after `iteration` (1-based count of finished iterations) when due or `force`d, unless `state` holds
-    a non-finite value (logged; the checkpoints on disk stay as they were). Returns whether it saved."""
+    a non-finite value (logged; the checkpoints on disk stay as they were). Returns whether it saved; the files
+    are written in the background."""
     if not force and (self.every <= 0 or iteration % self.every):
       return False
     bad = first_nonfinite(state)
@@ -54,12 +57,16 @@ class Checkpointer:
       return False
     self._manager.save(iteration, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                            host=ocp.args.JsonSave(host_state)), force=force)
-    self._manager.wait_until_finished()
     return True
+
+  def wait(self) -> None:
+    """Returns once the save in flight (if any) is on disk; a save still in flight when the process exits is lost."""
+    self._manager.wait_until_finished()
 
   def restore_latest(self, abstract_state):
     """(iteration, state, host_state) of the newest checkpoint that restores to a finite state, or None when there
     is no checkpoint; raises RestoreError when there are checkpoints and none restores."""
+    self.wait()
     broken: list[tuple[int, str]] = []
     for step in reversed(self.steps()):
       try:

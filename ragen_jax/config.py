@@ -26,7 +26,8 @@ import ml_collections
 from absl import app, flags
 from ml_collections import config_flags
 
-CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file with get_config().")
+CONFIG_HELP = "Path to a config file with get_config()."
+CONFIG = config_flags.DEFINE_config_file("config", None, CONFIG_HELP)
 
 
 class UserError(Exception):
@@ -165,13 +166,13 @@ def _take_env_params(argv: list[str], flag: str = "config") -> tuple[list[str], 
   return rest, params
 
 
-def parse_flags(argv: list[str]) -> list[str]:
+def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> list[str]:
   """absl flags parser that names a missing config file or misspelt config keys instead of a traceback, and
-  passes `--config.env.params.*` to the config's `env.params` as text."""
+  passes `--config.env.params.*` to the config's `env.params` as text. `flag_values` holds the `config` flag."""
   path, keys = _override_keys(argv)
   if path is None:
     if any(arg.lstrip("-") in HELP_FLAGS for arg in argv[1:]):
-      return flags.FLAGS(argv)
+      return flag_values(argv)
     sys.exit("error: --config=configs/NAME.py is required (a file with get_config())")
   try:
     config = load_config_file(path)
@@ -182,13 +183,27 @@ def parse_flags(argv: list[str]) -> list[str]:
   argv, env_params = _take_env_params(argv) if has_env_params else (argv, {})
   sys.argv = argv  # ml_collections finds the override flags it defines in sys.argv
   try:
-    rest = flags.FLAGS(argv)
+    rest = flag_values(argv)
   except flags.Error as e:
     sys.exit(f"error: {e}")
   if env_params:
-    env = CONFIG.value.env
+    env = flag_values["config"].value.env
     env.params = ml_collections.ConfigDict({**env.params.to_dict(), **env_params})
   return rest
+
+
+def parse_config(argv: list[str]) -> ml_collections.ConfigDict:
+  """The config an entry point started with `argv` (`[program, --config=FILE, --config.KEY=VALUE, ...]`) runs:
+  `parse_flags` into fresh flags, so it can run more than once in a process (the launchers check a job's flags
+  with it before they start it). A mistake exits with the entry points' one-line `error: ...`."""
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, CONFIG_HELP, flag_values=values)
+  process_argv = sys.argv
+  try:
+    parse_flags(argv, values)
+  finally:
+    sys.argv = process_argv
+  return values["config"].value
 
 
 def run(main: Callable[[ml_collections.ConfigDict], None], default_config: str | None = None) -> None:

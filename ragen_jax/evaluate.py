@@ -10,7 +10,6 @@ each environment, decoded: `report.transcripts`) into the config's workdir.
 
 from __future__ import annotations
 
-import os
 import time
 
 import jax
@@ -19,6 +18,7 @@ from tqdm.auto import tqdm
 
 from ragen_jax import config as config_lib
 from ragen_jax import mesh as mesh_lib
+from ragen_jax import paths
 from ragen_jax.assembly import build_experiment, build_mesh, check_model_and_env
 from ragen_jax.models import lora
 from ragen_jax.report.startup import quiet_library_logs, startup_lines
@@ -102,14 +102,12 @@ def main(config):
           f"{transcript_text(records[0], compact=True, max_chars=EPISODE_PRINT_CHARS)}")
   if not is_main:  # process 0 writes the results
     return
-  os.makedirs(config.workdir, exist_ok=True)
   dump_json({name: json_ready(metrics) for name, metrics in results.items()},
-            os.path.join(config.workdir, "evaluation.json"))
+            paths.join(config.workdir, "evaluation.json"))
   if transcripts:
-    write_jsonl(os.path.join(config.workdir, TRANSCRIPTS_FILE), transcripts, mode="w")
+    write_jsonl(paths.join(config.workdir, TRANSCRIPTS_FILE), transcripts, mode="w")
   table = markdown_table(results)
-  with open(os.path.join(config.workdir, "evaluation.md"), "w") as f:
-    f.write(table + "\n")
+  paths.write_text(paths.join(config.workdir, "evaluation.md"), table + "\n")
   print(table)
 
 

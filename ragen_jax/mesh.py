@@ -77,6 +77,35 @@ def put_global(array, sharding: NamedSharding) -> jax.Array:
   return jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])
 
 
+def process_rows(mesh: Mesh, batch: int) -> np.ndarray:
+  """int[b]: the rows of a `batch` that this process's devices hold under `batch_sharding`, in order (all of them
+  with one process); raises ValueError when the batch does not divide over the batch shards of several processes."""
+  if jax.process_count() == 1:
+    return np.arange(batch)
+  if batch % batch_shards(mesh):
+    raise ValueError(f"a batch of {batch} does not divide over the {batch_shards(mesh)} data x fsdp shards of the "
+                     f"mesh (needed with {jax.process_count()} processes)")
+  blocks = {index[0].indices(batch)[:2] for index in batch_sharding(mesh, 1).addressable_devices_indices_map(
+      (batch,)).values()}
+  return np.concatenate([np.arange(start, stop) for start, stop in sorted(blocks)])
+
+
+def local_rows(x) -> np.ndarray:
+  """Host copy of the rows of `x` (sharded over its leading axis only) that this process's devices hold, in order
+  (`process_rows`; all of them with one process)."""
+  if not isinstance(x, jax.Array) or x.is_fully_addressable:
+    return np.asarray(x)
+  blocks = {shard.index[0].indices(x.shape[0])[:2]: shard.data for shard in x.addressable_shards}
+  return np.concatenate([np.asarray(blocks[k]) for k in sorted(blocks)])
+
+
+def process_max(value: int) -> int:
+  """The largest `value` of all processes (call it from every process)."""
+  if jax.process_count() == 1:
+    return int(value)
+  return int(np.max(multihost_utils.process_allgather(np.int32(value))))
+
+
 def fetch(tree):
   """Host numpy copy of every leaf, gathering arrays sharded over other processes (call it from every process)."""
   def get(x):

@@ -17,7 +17,7 @@ import ml_collections
 from ml_collections import config_flags
 
 from ragen_jax import config as config_lib
-from ragen_jax import planning
+from ragen_jax import paths, planning
 
 PLAN = config_flags.DEFINE_config_dict("plan", ml_collections.ConfigDict(dataclasses.asdict(planning.PlanConfig())))
 
@@ -30,8 +30,7 @@ def main(config):
   print("\n".join(result.lines()))
   print(f"(planned in {time.perf_counter() - start:.0f} s)")
   if plan_config.json:
-    with open(plan_config.json, "w") as f:
-      json.dump(result.to_dict(), f, indent=1)
+    paths.write_text(plan_config.json, json.dumps(result.to_dict(), indent=1))
 
 
 if __name__ == "__main__":

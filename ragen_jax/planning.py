@@ -31,7 +31,7 @@ import transformers
 from jax._src import xla_bridge  # backends_are_initialized: no public API tells whether the backend started
 from jax.sharding import NamedSharding
 
-from ragen_jax import assembly
+from ragen_jax import assembly, paths
 from ragen_jax import mesh as mesh_lib
 from ragen_jax.config import ConfigError, check, check_one_of, did_you_mean
 from ragen_jax.diagnostics.collapse import init_diagnostics_state
@@ -212,6 +212,8 @@ def planned_model(path: str, computation: dict) -> tuple[ModelConfig, object]:
   if path in SHAPES or not path:
     return (shape_config(path or BUNDLED_SHAPE, **computation),
             transformers.AutoTokenizer.from_pretrained(bundled_tokenizer_dir()))
+  if paths.is_remote(path):  # only config.json and the tokenizer are read: stage just those
+    path = assembly.staged_dir(path, "model.path", only=("config.json", *TOKENIZER_FILES))
   if not os.path.isdir(path):
     raise ConfigError(f"model.path={path!r}: neither a built-in shape nor a model directory"
                       f"{did_you_mean(path, SHAPES) or '; built-in shapes: ' + ', '.join(SHAPES)}")

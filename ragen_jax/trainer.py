@@ -6,16 +6,18 @@ builds the experiment (`assembly`) and the train state; `train` runs a whole con
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
-import os
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 
 from ragen_jax import mesh as mesh_lib
+from ragen_jax import paths, preemption
 from ragen_jax.assembly import Experiment, ModelSettings, build_experiment, build_mesh, check_model_and_env
 from ragen_jax.checkpoint import Checkpointer, abstract_like
 from ragen_jax.config import ConfigError, UserError, check, check_workdir
@@ -26,9 +28,9 @@ from ragen_jax.models import lora
 from ragen_jax.models.config import DTYPES
 from ragen_jax.models.model import abstract_params, adapter_params, param_shardings
 from ragen_jax.report.startup import model_source, startup_lines, write_parameter_table
-from ragen_jax.report.summary import training_report
+from ragen_jax.report.summary import RUN_FILES, training_report
 from ragen_jax.report.transcripts import decode_episodes, first_episodes
-from ragen_jax.report.writer import MetricWriter, dump_json, json_ready
+from ragen_jax.report.writer import WANDB_ID_FILE, MetricWriter, dump_json, json_ready
 from ragen_jax.rl import early_stop
 from ragen_jax.rl import update as update_lib
 from ragen_jax.rl.presets import AlgorithmConfig
@@ -39,6 +41,8 @@ from ragen_jax.trajectories import Trajectories, rollout_metrics
 DIAGNOSTIC_PREFIXES = ("collapse/", "grad_analysis/")  # logged under their own names, not update/
 PROGRESS_METRICS = {"success": "train/success", "score": "train/score", "val_success": "val/success",
                     "kept": "update/filter_kept_ratio", "mi_z": "collapse/trajectory/mi_zscore"}  # progress bar
+# what a training run writes into its workdir: `train.overwrite` deletes them (the compilation cache stays)
+RUN_OUTPUTS = (*(name for name, _ in RUN_FILES), WANDB_ID_FILE, "wandb", "report.md", "report.png")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,16 +68,28 @@ class TrainConfig:
   val_transcripts: int = 4  # first validation episodes decoded into transcripts.jsonl and TensorBoard text
   checkpoint_every: int = 20
   max_to_keep: int = 3
-  resume: bool = False
+  resume: bool = True  # continue from the workdir's newest checkpoint when it has one
+  overwrite: bool = False  # with resume=False: delete the workdir's earlier run first (else such a run is refused)
   max_rejected_updates: int = 8  # halt after this many optimizer steps in a row rejected as non-finite
+  # XLA's persistent compilation cache: "" = workdir/jax_cache (unless the process already has one, e.g. from
+  # JAX_COMPILATION_CACHE_DIR), "none" = off, else a directory (local or gs://)
+  compilation_cache: str = ""
+  profile_steps: tuple[int, ...] = ()  # iterations (1-based) traced into workdir/profile for TensorBoard
 
   def __post_init__(self):
+    object.__setattr__(self, "profile_steps", tuple(self.profile_steps))  # a ConfigDict may hand over a list
     for name in ("iterations", "env_groups", "group_size", "val_episodes", "max_to_keep", "max_rejected_updates"):
       check(f"train.{name}", getattr(self, name) >= 1, "must be >= 1", getattr(self, name))
     for name in ("val_every", "checkpoint_every", "val_transcripts"):
       check(f"train.{name}", getattr(self, name) >= 0, "must be >= 0 (0: never)", getattr(self, name))
     for name in ("actor_lr", "critic_lr", "grad_clip"):
       check(f"train.{name}", getattr(self, name) > 0, "must be > 0", getattr(self, name))
+    check("train.overwrite", not (self.overwrite and self.resume), "deletes the earlier run for a fresh one; set "
+          "train.resume=False with it", self.overwrite)
+    check("train.profile_steps", all(step >= 1 for step in self.profile_steps), "iterations to trace, each >= 1",
+          self.profile_steps)
+    if self.compilation_cache not in ("", "none"):
+      check_workdir(self.compilation_cache, "train.compilation_cache")
 
   def val_seeds(self) -> np.ndarray:
     """The fixed validation seeds."""
@@ -157,6 +173,48 @@ def reference_params(params, dtype: str):
   return jax.jit(lambda tree: jax.tree.map(lambda x: x.astype(target), tree), out_shardings=shardings)(params)
 
 
+def earlier_run(workdir: str) -> list[str]:
+  """The files of a training run (`RUN_OUTPUTS`) that `workdir` already holds."""
+  return [name for name in paths.listdir(workdir) if name in RUN_OUTPUTS] if paths.isdir(workdir) else []
+
+
+def use_compilation_cache(setting: str, workdir: str) -> None:
+  """Points JAX's persistent compilation cache at `train.compilation_cache` (`setting`) of a run in `workdir`;
+  call it before the process first compiles (JAX opens its cache once)."""
+  if setting == "none":
+    jax.config.update("jax_enable_compilation_cache", False)
+  elif setting or not jax.config.jax_compilation_cache_dir:
+    jax.config.update("jax_compilation_cache_dir", setting or paths.join(workdir, "jax_cache"))
+  if jax.config.jax_enable_compilation_cache and jax.config.jax_compilation_cache_dir:
+    logging.info("compilation cache: %s", jax.config.jax_compilation_cache_dir)
+
+
+class Profiler:
+  """Traces the iterations `steps` (1-based; a run of consecutive ones is one trace) into `directory` for
+  TensorBoard's profile tab (`plugins/profile/<time>/`; on `gs://` uploaded when each trace ends)."""
+
+  def __init__(self, steps: tuple[int, ...], directory: str, enabled: bool = True):
+    self.steps, self.directory = set(steps) if enabled else set(), directory
+    self._trace: contextlib.ExitStack | None = None
+
+  def before(self, iteration: int) -> None:
+    """Call before running iteration `iteration`."""
+    if iteration in self.steps and self._trace is None:
+      self._trace = contextlib.ExitStack()
+      jax.profiler.start_trace(self._trace.enter_context(paths.writing_dir(self.directory)))
+
+  def after(self, iteration: int) -> None:
+    """Call after iteration `iteration` finished."""
+    if iteration + 1 not in self.steps:
+      self.close()
+
+  def close(self) -> None:
+    if self._trace is not None:
+      jax.profiler.stop_trace()
+      self._trace.close()
+      self._trace = None
+
+
 class TrainingHalted(UserError):
   """Too many optimizer steps in a row were rejected as non-finite; the weights are those of the last good one."""
 
@@ -177,7 +235,7 @@ class Trainer:
                             out_shardings=shardings)
     self.ref_params = (reference_params(frozen, settings.model.reference_dtype)
                        if settings.algorithm.use_kl_loss else None)
-    self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"), settings.train.checkpoint_every,
+    self.checkpointer = Checkpointer(paths.join(self.workdir, "checkpoints"), settings.train.checkpoint_every,
                                      settings.train.max_to_keep)
     self.iteration = 0
     self.stop_state = early_stop.EarlyStopState()
@@ -188,10 +246,24 @@ class Trainer:
 
   @classmethod
   def create(cls, config) -> Trainer:
-    """Validates `config` (`read_settings`), then builds the experiment and the trainer."""
+    """Validates `config` (`read_settings`) and the workdir (a fresh run into an earlier one's is refused unless
+    `train.overwrite`, which deletes the earlier run's files), then builds the experiment and the trainer."""
     settings = read_settings(config)
     train = settings.train
+    earlier = earlier_run(config.workdir)  # read by every process before any of them joins the others
+    if earlier and not train.resume and not train.overwrite:
+      raise ConfigError(f"workdir={config.workdir!r} holds an earlier run ({', '.join(earlier)}): set "
+                        f"train.overwrite=True to delete it, train.resume=True to continue it, or choose another "
+                        f"workdir")
+    use_compilation_cache(train.compilation_cache, config.workdir)
     mesh = build_mesh(config, train.env_groups * train.group_size)
+    if earlier and train.overwrite:
+      if jax.process_index() == 0:
+        for name in earlier:
+          paths.remove_tree(paths.join(config.workdir, name))
+        logging.info("train.overwrite: deleted the earlier run's %s in %s", ", ".join(earlier), config.workdir)
+      if jax.process_count() > 1:
+        multihost_utils.sync_global_devices("ragen_jax earlier run deleted")
     shards = mesh_lib.batch_shards(mesh)
     if jax.process_count() > 1 and train.val_every and train.val_episodes % shards:
       raise ConfigError(f"train.val_episodes={train.val_episodes} does not divide over {shards} data x fsdp shards "
@@ -275,7 +347,7 @@ class Trainer:
     model = dataclasses.replace(self.exp.model, params=policy)
     model.export(out_dir, self.exp.tokenizer)
     if model.config.lora is not None:
-      lora.save_adapters(model.config, policy, os.path.join(os.path.dirname(out_dir), "final_adapters"),
+      lora.save_adapters(model.config, policy, paths.join(paths.parent(out_dir), "final_adapters"),
                          base_model=self.exp.config.model.path)
 
   def host_state(self) -> dict:
@@ -300,15 +372,17 @@ class Trainer:
   def run(self, iterations: int | None = None) -> dict[str, float]:
     """Trains up to `iterations` (default `train.iterations`); returns the last iteration's metrics.
 
-    Raises ConfigError before any work when a fresh run (nothing resumed) finds checkpoints in its workdir, and
-    TrainingHalted after `train.max_rejected_updates` rejected steps in a row (that iteration's metrics written).
+    Raises ConfigError before any work when a fresh run (nothing resumed) finds checkpoints in its workdir,
+    TrainingHalted after `train.max_rejected_updates` rejected steps in a row (that iteration's metrics written),
+    and `preemption.Preempted` after the iteration during which a SIGTERM came (`preemption.sigterm_requests_stop`),
+    its checkpoint saved.
     """
     cfg, train = self.exp.config, self.settings.train
     total = train.iterations if iterations is None else iterations
     if self.iteration == 0 and self.checkpointer.steps():
       raise ConfigError(f"{self.checkpointer.directory} already holds checkpoints of iterations "
-                        f"{self.checkpointer.steps()}: set train.resume=True to continue that run, or choose "
-                        f"another workdir")
+                        f"{self.checkpointer.steps()}: resume from them first (Trainer.try_resume, as `train` does), "
+                        f"or choose another workdir")
     writer = MetricWriter(self.workdir, cfg.logging.tensorboard,
                           cfg.logging.wandb_project if cfg.logging.wandb else None, cfg.to_dict(), self.is_main,
                           start_step=self.iteration)
@@ -316,9 +390,11 @@ class Trainer:
       logging.info("compiling: iteration %d first compiles the rollout, scoring and update programs (and the first "
                    "validation its rollout)", self.iteration + 1)
     progress = _progress(total, self.iteration, cfg.logging.progress_bar and self.is_main, cfg.env.name)
+    profiler = Profiler(train.profile_steps, paths.join(self.workdir, "profile"), self.is_main)
     last: dict[str, float] = {}
     try:
       while self.iteration < total:
+        profiler.before(self.iteration + 1)
         metrics = self.train_iteration()
         self.iteration += 1
         if train.val_every and (self.iteration % train.val_every == 0 or self.iteration == total):
@@ -336,18 +412,29 @@ class Trainer:
                                   "no checkpoint was saved yet") +
               f"; lower train.actor_lr or look at update/ metrics in {self.workdir}")
         final = train.checkpoint_every > 0 and self.iteration == total  # the final state is always saved
-        self.checkpointer.maybe_save(self.iteration, self.state, self.host_state(), force=bool(reason) or final)
+        preempted = not reason and preemption.requested()  # an early-stopped run finishes instead
+        self.checkpointer.maybe_save(self.iteration, self.state, self.host_state(),
+                                     force=bool(reason) or final or preempted)
+        profiler.after(self.iteration)
         progress.update(1)
         progress.set_postfix({label: f"{metrics[key]:.3g}" for label, key in PROGRESS_METRICS.items()
                               if key in metrics}, refresh=False)
+        if preempted:
+          saved = self.checkpointer.steps()
+          logging.warning("preempted (SIGTERM) after iteration %d; the newest checkpoint is of iteration %s; exiting "
+                          "with code %d for a restart to resume", self.iteration, saved[-1] if saved else None,
+                          preemption.PREEMPTED_EXIT_CODE)
+          raise preemption.Preempted(f"preempted after iteration {self.iteration}")
         last = metrics
         if reason:
           logging.warning("early stop at iteration %d: %s", self.iteration, reason)
           last["early_stop"] = 1.0
           break
     finally:
+      profiler.close()
       progress.close()
       writer.close()
+      self.checkpointer.wait()  # the last save is on disk when run() returns or raises
     return last
 
   def _watch(self, metrics: dict[str, float]) -> str | None:
@@ -409,21 +496,23 @@ def write_training_report(trainer: Trainer, metrics: dict[str, float], halted: T
 
 
 def train(config) -> dict[str, float]:
-  """Builds the trainer, resumes when asked, trains, exports the final policy and writes the report."""
+  """Builds the trainer, resumes from the workdir's newest checkpoint (`train.resume`), trains, exports the final
+  policy and writes the report."""
   trainer = Trainer.create(config)
   log_startup(trainer)
   if trainer.settings.train.resume and trainer.try_resume():
-    logging.info("resumed from iteration %d", trainer.iteration)
+    logging.info("resuming from the checkpoint of iteration %d in %s", trainer.iteration,
+                 trainer.checkpointer.directory)
   try:
     metrics = trainer.run()
   except TrainingHalted as halted:  # the iterations it logged still get their report; nothing is exported
     if trainer.is_main:
       logging.info("report: %s", write_training_report(trainer, {}, halted))
-    trainer.checkpointer.close()
     raise
-  trainer.export_policy(os.path.join(config.workdir, "final_model"))  # a gather every process takes part in
+  finally:
+    trainer.checkpointer.close()  # the last save finishes, also when the run stops on an error or a SIGTERM
+  trainer.export_policy(paths.join(config.workdir, "final_model"))  # a gather every process takes part in
   if trainer.is_main:
-    dump_json(json_ready(metrics), os.path.join(config.workdir, "final_metrics.json"))
+    dump_json(json_ready(metrics), paths.join(config.workdir, "final_metrics.json"))
     logging.info("report: %s", write_training_report(trainer, metrics))
-  trainer.checkpointer.close()
   return metrics

@@ -9,6 +9,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # pylint: disable=wrong-import-position
 import dataclasses
 import gc
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -113,4 +114,4 @@ def replying_model(tokenizer, sokoban, sokoban_states, assets):
 @pytest.fixture(scope="session")
 def replying_model_dir(replying_model, tokenizer, tmp_path_factory):
   """The replying model exported as a HF directory with its tokenizer."""
-  return replying_model.export(tmp_path_factory.mktemp("replying_model"), tokenizer)
+  return pathlib.Path(replying_model.export(tmp_path_factory.mktemp("replying_model"), tokenizer))

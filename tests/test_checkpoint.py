@@ -1,11 +1,21 @@
 """Checkpoints never go backwards: a non-finite state is never saved or restored, so rotation keeps the newest
-finite checkpoint, and a broken newest checkpoint is set aside so the next saves happen."""
+finite checkpoint, a broken newest checkpoint is set aside so the next saves happen, and a process killed during an
+(async) save leaves the previous checkpoint the newest."""
+
+import asyncio
+import os
+import subprocess
+import sys
+import threading
 
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+from orbax.checkpoint._src.path import atomicity
 
 from ragen_jax.checkpoint import Checkpointer, abstract_like
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 STATE = {"w": jnp.arange(4.0), "count": jnp.zeros((), jnp.int32)}
 NAN_STATE = {"w": jnp.array([0.0, jnp.nan, 2.0, 3.0]), "count": jnp.zeros((), jnp.int32)}
@@ -36,3 +46,44 @@ def test_a_non_finite_checkpoint_on_disk_counts_as_broken_and_is_set_aside(tmp_p
   assert checkpointer.steps() == [1] and [p.name.split(".")[0] for p in tmp_path.glob("*.broken-*")] == ["2"]
   assert checkpointer.maybe_save(2, STATE, {"iteration": 2}) and checkpointer.steps() == [1, 2]  # 2 saves again
   checkpointer.close()
+
+
+def test_a_process_killed_mid_save_leaves_the_previous_checkpoint_usable(tmp_path):
+  """The worker (this module, run as a script) saves iteration 1, then is killed with SIGKILL while its async save
+  of iteration 2 is in flight, held just before Orbax renames the finished files into place."""
+  worker = subprocess.Popen([sys.executable, "-m", "tests.test_checkpoint", str(tmp_path)], cwd=ROOT,
+                            env={**os.environ, "JAX_PLATFORMS": "cpu"}, stdout=subprocess.PIPE, text=True)
+  try:
+    assert worker.stdout.readline() == "saving 2\n"
+  finally:
+    worker.kill()
+    worker.wait()
+  assert [p.name for p in tmp_path.iterdir() if p.name.startswith("2.")]  # the half-made save of iteration 2
+  checkpointer = Checkpointer(str(tmp_path), every=1, max_to_keep=3)
+  assert checkpointer.steps() == [1]
+  step, state, host = checkpointer.restore_latest(abstract_like(STATE))
+  assert (step, host) == (1, {"iteration": 1})
+  np.testing.assert_array_equal(state["w"], STATE["w"])
+  assert checkpointer.maybe_save(2, STATE, {"iteration": 2})
+  checkpointer.close()
+  assert checkpointer.steps() == [1, 2] and sorted(p.name for p in tmp_path.iterdir()) == ["1", "2"]  # no leftover
+
+
+def _save_and_hang(directory):
+  checkpointer = Checkpointer(directory, every=1, max_to_keep=3)
+  checkpointer.maybe_save(1, STATE, {"iteration": 1})
+  checkpointer.close()  # saved
+  checkpointer = Checkpointer(directory, every=1, max_to_keep=3)
+  hang = threading.Event()
+
+  async def finalize(self):
+    print("saving 2", flush=True)
+    await asyncio.to_thread(hang.wait)
+
+  atomicity.AtomicRenameTemporaryPath.finalize = finalize
+  checkpointer.maybe_save(2, STATE, {"iteration": 2})
+  checkpointer.close()  # waits for the save that never finishes
+
+
+if __name__ == "__main__":
+  _save_and_hang(sys.argv[1])

@@ -107,6 +107,8 @@ def test_misspelt_enumerated_settings_fail_before_any_model_is_loaded(key):
     ("diagnostics.alarm_window", 1, "diagnostics.alarm_window=1: must cover at least 2 points"),
     ("early_stop.std_window", 0, "early_stop.std_window=0: must be >= 1"),
     ("algorithm.dual_clip", 1.0, "algorithm.dual_clip=1.0: must be > 1"),
+    ("train.overwrite", True, "train.overwrite=True: deletes the earlier run for a fresh one; set train.resume=False"),
+    ("train.profile_steps", (0, 1), r"train.profile_steps=\(0, 1\): iterations to trace, each >= 1"),
 ])
 def test_bad_values_fail_before_any_model_is_loaded(key, value, message):
   config = _tiny_config_without_a_model()

@@ -158,8 +158,9 @@ def test_every_user_mistake_ends_in_one_line_error(small_model_dir, tmp_path):
       ([f"--config.model.adapters={tmp_path}"], f"model.adapters='{tmp_path}': needs LoRA (set model.lora.rank"),
       (["--config.model.lora.rank=4", f"--config.model.adapters={tmp_path}"],
        f"model.adapters='{tmp_path}': {tmp_path} is not a LoRA adapter directory"),
-      ([f"--config.workdir={dirs['run']}"], "already holds checkpoints of iterations [4]"),  # a fresh run
-      ([f"--config.workdir={dirs['run']}", "--config.train.resume=True"], "none of the 1 checkpoints in "),
+      ([f"--config.workdir={dirs['run']}", "--config.train.resume=False"],
+       f"workdir='{dirs['run']}' holds an earlier run (checkpoints): set train.overwrite=True"),
+      ([f"--config.workdir={dirs['run']}"], "none of the 1 checkpoints in "),  # resumed by default
   ]
   cases = [("train", base + args if any(a.startswith("--config.workdir=") for a in args) else
             base + [f"--config.workdir={tmp_path}/w{i}"] + args) for i, (args, _) in enumerate(train_cases)]

@@ -1,6 +1,6 @@
-"""Multi-process training: 2 processes with 1 CPU device each train like 1 process with 2 devices.
+"""Multi-process runs: 2 processes with 1 CPU device each train and evaluate like 1 process with 2 devices.
 
-The workers run this module (`python -m tests.test_multihost MODEL_DIR WORKDIR OVERRIDES_JSON`) with
+The workers run this module (`python -m tests.test_multihost JOB MODEL_DIR WORKDIR OVERRIDES_JSON`) with
 jax.distributed on localhost and gloo CPU collectives.
 """
 
@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
+from envs.host import make_text_env
+from ragen_jax import evaluate
 from ragen_jax.config import ConfigError
 from ragen_jax.distributed import cluster_settings
 from ragen_jax.report.writer import read_metrics
@@ -25,20 +27,43 @@ from tests.test_train import ROOT, _config
 
 WORKER_TIMEOUT_S = 480
 # An update every iteration (no filter), so the resumed one uses the restored optimizer state; validation after
-# iterations 2 and 3.
-RUN = {"train.iterations": 3, "filter.enabled": False, "diagnostics.enabled": False}
+# iterations 2 and 3. Turn 2 does not see turn 1 (a context window in the sampler and the learner).
+RUN = {"train.iterations": 3, "filter.enabled": False, "diagnostics.enabled": False,
+       "rollout.context_window_mode": "limited_multi_turn", "rollout.max_context_window": 1}
+# A host text environment: one iteration (each process plays 4 of the 8 episodes) and a validation, then `evaluate`
+# of 4 seeds x 2 samples. Every rollout has the training batch's shape, so the sampler compiles once, and the
+# episodes RUN's length (Sokoban's 725 tokens), so one process loads RUN's learner programs when RUN ran first.
+COUNTDOWN = RUN | {"env.name": "countdown", "train.iterations": 1, "train.val_every": 1, "train.val_transcripts": 2,
+                   "train.checkpoint_every": 0, "logging.tensorboard": False, "rollout.max_episode_len": 725,
+                   "evaluate.envs": "countdown"}
+EVALUATE = {"train.val_episodes": 4, "evaluate.k": 2}
 
 
-def _worker(model_dir, workdir, overrides):
+def _resume_job(model_dir, workdir, overrides) -> dict:
   """A run stopped after 2 iterations, then resumed from its checkpoint for the third."""
   for iterations, resume in ((2, False), (3, True)):
-    metrics = train(_config(model_dir, workdir, **(overrides | {"train.iterations": iterations, "train.resume": resume,
-                                                                 "distributed.enabled": True})))
+    metrics = train(_config(model_dir, workdir, **overrides | {"train.iterations": iterations, "train.resume": resume}))
+  return metrics
+
+
+def _text_job(model_dir, workdir, overrides) -> dict:
+  """A short Countdown run with validation in `workdir/train` (no export or report: the resume job has them), then
+  `evaluate` of `model_dir` in `workdir/eval`."""
+  metrics = Trainer.create(_config(model_dir, os.path.join(workdir, "train"), **overrides)).run()
+  evaluate.main(_config(model_dir, os.path.join(workdir, "eval"), **(overrides | EVALUATE)))
+  return metrics
+
+
+JOBS = {"resume": _resume_job, "text": _text_job}
+
+
+def _worker(job, model_dir, workdir, overrides):
+  metrics = JOBS[job](model_dir, workdir, overrides | {"distributed.enabled": True})
   with open(os.path.join(workdir, f"returned_metrics_{jax.process_index()}.json"), "w") as f:
     json.dump(metrics, f)
 
 
-def _start_two_processes(model_dir, workdir, overrides) -> list[tuple[subprocess.Popen, str]]:
+def _start_two_processes(model_dir, workdir, overrides, job="resume") -> list[tuple[subprocess.Popen, str]]:
   os.makedirs(workdir, exist_ok=True)
   with socket.socket() as s:
     s.bind(("localhost", 0))
@@ -52,7 +77,7 @@ def _start_two_processes(model_dir, workdir, overrides) -> list[tuple[subprocess
     log = os.path.join(workdir, f"worker_{i}.log")
     with open(log, "w") as out:
       workers.append((subprocess.Popen(
-          [sys.executable, "-m", "tests.test_multihost", str(model_dir), str(workdir), json.dumps(overrides)],
+          [sys.executable, "-m", "tests.test_multihost", job, str(model_dir), str(workdir), json.dumps(overrides)],
           cwd=ROOT, env=env | {"RAGEN_PROCESS_ID": str(i)}, stdout=out, stderr=subprocess.STDOUT), log))
   return workers
 
@@ -78,27 +103,37 @@ def _without_times(metrics: dict) -> dict:
   return {k: v for k, v in metrics.items() if not k.startswith("time/")}
 
 
+def _assert_close(rows_one: list[dict], rows_two: list[dict]):
+  assert len(rows_one) == len(rows_two)
+  for a, b in zip(rows_one, rows_two):
+    a, b = _without_times(a), _without_times(b)
+    assert a.keys() == b.keys()
+    for key in a:
+      np.testing.assert_allclose(b[key], a[key], rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+def _returned_metrics(workdir, results) -> dict:
+  """Process 0's returned metrics, after checking that every worker succeeded and that both returned the same."""
+  for i, (code, output) in enumerate(results):
+    assert code == 0, f"worker {i} failed:\n{output[-3000:]}"
+  returned = [json.loads((workdir / f"returned_metrics_{i}.json").read_text()) for i in range(2)]
+  assert _without_times(returned[0]) == _without_times(returned[1]), "the processes disagree on the metrics"
+  return returned[0]
+
+
 def test_two_processes_train_and_resume_like_one_process_with_two_devices(replying_model_dir, tmp_path):
   workers = _start_two_processes(replying_model_dir, tmp_path / "two", RUN)
   try:
     one = train(_config(replying_model_dir, tmp_path / "one", **RUN, **{"mesh.num_devices": 2}))
   finally:
     results = _wait(workers)
-  for i, (code, output) in enumerate(results):
-    assert code == 0, f"worker {i} failed:\n{output[-3000:]}"
-
   two_dir = tmp_path / "two"
-  returned = [json.loads((two_dir / f"returned_metrics_{i}.json").read_text()) for i in range(2)]
-  assert _without_times(returned[0]) == _without_times(returned[1]), "the processes disagree on the metrics"
+  returned = _returned_metrics(two_dir, results)
   assert len((two_dir / "metrics.jsonl").read_text().splitlines()) == 3, "only process 0 writes metric rows"
   assert sorted(os.listdir(two_dir / "checkpoints"), key=int) == ["1", "2", "3"]
   rows_one, rows_two = read_metrics(str(tmp_path / "one")), read_metrics(str(two_dir))
   assert [r["step"] for r in rows_two] == [1, 2, 3] and "val/success" in rows_two[1]
-  for a, b in zip(rows_one + [one], rows_two + [returned[0]]):
-    a, b = _without_times(a), _without_times(b)
-    assert a.keys() == b.keys()
-    for key in a:
-      np.testing.assert_allclose(b[key], a[key], rtol=1e-5, atol=1e-6, err_msg=key)
+  _assert_close(rows_one + [one], rows_two + [returned])
   params_one = load_file(str(tmp_path / "one" / "final_model" / "model.safetensors"))
   params_two = load_file(str(two_dir / "final_model" / "model.safetensors"))
   assert params_one.keys() == params_two.keys()
@@ -106,8 +141,28 @@ def test_two_processes_train_and_resume_like_one_process_with_two_devices(replyi
     np.testing.assert_allclose(params_two[name], value, atol=1e-5, err_msg=name)
 
 
-@pytest.mark.parametrize("overrides,message", [({"train.val_episodes": 3}, "val_episodes=3 does not divide over 2"),
-                                               ({"env.name": "countdown"}, "host text environment")])
+def test_two_processes_play_a_host_environment_and_evaluate_like_one_process(replying_model_dir, tmp_path):
+  params = {"data_dir": str(tmp_path / "tfds"), "train_size": 8, "validation_size": 4}
+  for split in ("train", "validation"):  # prepared once here, not by both workers at once
+    make_text_env("countdown", **params).reset(0, split)
+  run = COUNTDOWN | {"env.params": params}
+  workers = _start_two_processes(replying_model_dir, tmp_path / "two", run, job="text")
+  try:
+    one = _text_job(replying_model_dir, tmp_path / "one", run | {"mesh.num_devices": 2})
+  finally:
+    results = _wait(workers)
+  returned = _returned_metrics(tmp_path / "two", results)
+  rows_one, rows_two = (read_metrics(str(tmp_path / name / "train")) for name in ("one", "two"))
+  assert [r["step"] for r in rows_two] == [1] and "val/success" in rows_two[0]
+  _assert_close(rows_one + [one], rows_two + [returned])
+  for path in ("train/transcripts.jsonl", "eval/transcripts.jsonl"):  # decoded episodes of validation and evaluate
+    assert (tmp_path / "two" / path).read_text() == (tmp_path / "one" / path).read_text(), path
+  evaluated = [json.loads((tmp_path / name / "eval" / "evaluation.json").read_text()) for name in ("one", "two")]
+  assert evaluated[1].keys() == {"countdown"} and "pass@2" in evaluated[1]["countdown"]
+  _assert_close([evaluated[0]["countdown"]], [evaluated[1]["countdown"]])
+
+
+@pytest.mark.parametrize("overrides,message", [({"train.val_episodes": 3}, "val_episodes=3 does not divide over 2")])
 def test_multi_process_settings_fail_before_the_model_loads(tmp_path, overrides, message):
   results = _wait(_start_two_processes("scratch:tiny", tmp_path, overrides))  # never made: the settings fail first
   for code, output in results:
@@ -140,4 +195,4 @@ def test_bad_distributed_settings_fail_before_jax_distributed_starts():
 
 
 if __name__ == "__main__":
-  _worker(sys.argv[1], sys.argv[2], json.loads(sys.argv[3]))
+  _worker(sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4]))

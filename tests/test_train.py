@@ -1,10 +1,14 @@
-"""The training loop: iterations with finite losses, exact resume, checkpoints that never go backwards, the
-non-finite update guard, sharded update = 1 device."""
+"""The training loop: iterations with finite losses, a run stopped by SIGTERM that resumes exactly, checkpoints that
+never go backwards, the non-finite update guard, sharded update = 1 device."""
 
 import json
 import logging
 import math
 import os
+import signal
+import subprocess
+import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -13,8 +17,8 @@ import optax
 import pytest
 from PIL import Image
 from safetensors.numpy import load_file
-from tensorboardX.proto import event_pb2
 
+from ragen_jax import preemption
 from ragen_jax.checkpoint import Checkpointer, RestoreError, abstract_like
 from ragen_jax.config import ConfigError, load_config_file
 from ragen_jax.finite import first_nonfinite
@@ -23,7 +27,9 @@ from ragen_jax.report.startup import startup_lines
 from ragen_jax.report.summary import training_report
 from ragen_jax.report.writer import read_metrics
 from ragen_jax.rl import update as update_lib
+from ragen_jax.train import main as train_main
 from ragen_jax.trainer import Trainer, TrainingHalted, train
+from tests.report.test_writer import tensorboard_events
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -39,17 +45,12 @@ def _config(model_dir, workdir, **overrides):
 
 
 def tensorboard_texts(run_dir) -> dict[str, list[int]]:
-  """Tag -> steps of the text summaries in a run's TensorBoard event files (TFRecord framing read by hand)."""
+  """Tag -> steps of the text summaries in a run's TensorBoard event files."""
   texts = {}
-  for name in os.listdir(run_dir / "tensorboard"):
-    data, pos = (run_dir / "tensorboard" / name).read_bytes(), 0
-    while pos < len(data):
-      length = int.from_bytes(data[pos:pos + 8], "little")
-      event = event_pb2.Event.FromString(data[pos + 12:pos + 12 + length])
-      pos += 16 + length
-      for value in event.summary.value:
-        if value.metadata.plugin_data.plugin_name == "text":
-          texts.setdefault(value.tag.removesuffix("/text_summary"), []).append(event.step)  # tensorboardX adds it
+  for event in tensorboard_events(run_dir / "tensorboard"):
+    for value in event.summary.value:
+      if value.metadata.plugin_data.plugin_name == "text":
+        texts.setdefault(value.tag.removesuffix("/text_summary"), []).append(event.step)  # tensorboardX adds it
   return texts
 
 
@@ -59,7 +60,7 @@ def test_training_iterations_log_checkpoint_and_export(replying_model_dir, tmp_p
   final = train(_config(replying_model_dir, tmp_path, **{"train.iterations": 3, "algorithm.preset": "grpo",
                                                          "diagnostics.compute_freq": 2, "model.remat": "full",
                                                          "model.logits_chunk": 16, "algorithm.use_kl_loss": True,
-                                                         "model.ref_dtype": "bfloat16"}))
+                                                         "model.ref_dtype": "bfloat16", "train.profile_steps": (2,)}))
   rows = read_metrics(str(tmp_path))
   assert [r["step"] for r in rows] == [1, 2, 3]
   assert all(math.isfinite(r["update/kl_loss"]) for r in rows)  # against the bfloat16 reference
@@ -75,6 +76,9 @@ def test_training_iterations_log_checkpoint_and_export(replying_model_dir, tmp_p
   assert "val/success" in rows[1] and "val/success" not in rows[0]
   assert sorted(os.listdir(tmp_path / "checkpoints"), key=int)[-1] == "3"
   assert os.listdir(tmp_path / "tensorboard")
+  assert json.loads((tmp_path / "config.json").read_text())["train"]["profile_steps"] == [2]
+  traces = list((tmp_path / "profile" / "plugins" / "profile").glob("*/*.xplane.pb"))  # one per trace
+  assert len(traces) == 1 and traces[0].stat().st_size > 0
   assert (tmp_path / "final_model" / "model.safetensors").is_file()
   assert json.loads((tmp_path / "final_metrics.json").read_text())["train/success"] == final["train/success"]
   # What a newcomer is told at the start, and what the run leaves besides metrics
@@ -95,24 +99,45 @@ def test_training_iterations_log_checkpoint_and_export(replying_model_dir, tmp_p
   assert tensorboard_texts(tmp_path) == {f"transcripts/{i}": [2, 3] for i in range(4)}
 
 
-def test_resume_reproduces_the_uninterrupted_run(replying_model_dir, tmp_path):
-  straight = Trainer.create(_config(replying_model_dir, tmp_path / "a", **{"train.val_every": 0}))
-  straight.run(2)
+# Checkpoints only when forced: the preempted run's, and none at the end.
+PREEMPTED_RUN = {"train.iterations": 2, "train.val_every": 0, "train.checkpoint_every": 0}
+
+
+def test_a_run_stopped_by_sigterm_and_run_again_equals_the_uninterrupted_run(replying_model_dir, tmp_path, caplog):
+  caplog.set_level(logging.INFO)
+  train(_config(replying_model_dir, tmp_path / "a", **PREEMPTED_RUN))
   phases = (update_lib.score, update_lib.diagnose, update_lib.learn)
   compiled = [phase._cache_size() for phase in phases]
-  interrupted_cfg = _config(replying_model_dir, tmp_path / "b", **{"train.val_every": 0})
-  first = Trainer.create(interrupted_cfg)
-  first.run(1)
-  first.checkpointer.close()
-  resumed = Trainer.create(interrupted_cfg)
-  assert resumed.try_resume() and resumed.iteration == 1
-  resumed.run(2)
+  workdir = tmp_path / "b"
+  workdir.mkdir()
+  env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": jax.config.jax_compilation_cache_dir,  # what run "a" compiled
+         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+  with open(workdir / "worker.log", "w") as log:
+    worker = subprocess.Popen([sys.executable, "-m", "tests.test_train", str(replying_model_dir), str(workdir)],
+                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
+  try:
+    for line in worker.stdout:
+      if line == "iteration 1 waits for SIGTERM\n":
+        worker.send_signal(signal.SIGTERM)
+    code = worker.wait(timeout=300)
+  finally:
+    worker.kill()
+  output = (workdir / "worker.log").read_text()
+  assert code == preemption.PREEMPTED_EXIT_CODE, output[-3000:]
+  assert ("preempted (SIGTERM) after iteration 1; the newest checkpoint is of iteration 1; exiting with code 75"
+          in output)
+  assert os.listdir(workdir / "checkpoints") == ["1"] and not (workdir / "final_model").exists()
+  train(_config(replying_model_dir, workdir, **PREEMPTED_RUN))  # resumes by itself
+  assert f"resuming from the checkpoint of iteration 1 in {workdir / 'checkpoints'}" in caplog.text
   assert [phase._cache_size() for phase in phases] == compiled  # one trace and compile per process
-  a, b = read_metrics(str(tmp_path / "a"))[-1], read_metrics(str(tmp_path / "b"))[-1]
-  assert {k: v for k, v in a.items() if not k.startswith("time/")} == {
-      k: v for k, v in b.items() if not k.startswith("time/")}
-  for x, y in zip(jax.tree.leaves(straight.state.policy), jax.tree.leaves(resumed.state.policy)):
-    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  for a, b in zip(read_metrics(str(tmp_path / "a")), read_metrics(str(workdir)), strict=True):
+    assert {k: v for k, v in a.items() if not k.startswith("time/")} == {
+        k: v for k, v in b.items() if not k.startswith("time/")}
+  assert _metric_steps(workdir) == [1, 2]
+  straight, resumed = (load_file(str(tmp_path / run / "final_model" / "model.safetensors")) for run in "ab")
+  assert straight.keys() == resumed.keys()
+  for name, value in straight.items():
+    np.testing.assert_array_equal(resumed[name], value, err_msg=name)
 
 
 def _corrupt(step_dir):
@@ -179,8 +204,17 @@ def test_broken_checkpoints_are_set_aside_and_every_later_save_happens(replying_
     Trainer.create(config).try_resume()
   assert sorted(p.name for p in checkpoints.iterdir() if ".broken-" not in p.name) == ["1", "2", "3"]
   # a fresh run in a workdir that holds checkpoints would skip every save up to them: it does not start
-  with pytest.raises(ConfigError, match="train.resume=True"):
+  with pytest.raises(ConfigError, match=r"resume from them first \(Trainer.try_resume"):
     Trainer.create(config).run(1)
+  config.train.resume = False  # refused before the model loads, unless the earlier run is deleted
+  with pytest.raises(ConfigError, match=f"workdir='{tmp_path}' holds an earlier run \\(checkpoints, config.json, "):
+    Trainer.create(config)
+  (tmp_path / "jax_cache").mkdir()
+  config.train.overwrite = True
+  fresh = Trainer.create(config)
+  fresh.checkpointer.close()
+  assert not fresh.checkpointer.steps()
+  assert sorted(os.listdir(tmp_path)) == ["checkpoints", "jax_cache"]  # an empty one, and the compilation cache
 
 
 class NaNScores:
@@ -324,3 +358,23 @@ def test_lora_trains_and_saves_the_adapters_only_over_a_shared_frozen_base(reply
   reloaded = load_pretrained(replying_model_dir, lora=model_config.lora, adapters=tmp_path / "final_adapters")
   for a, b in zip(jax.tree.leaves(reloaded.params), jax.tree.leaves(trainer.policy_params())):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def _preempted_worker(model_dir, workdir):
+  """PREEMPTED_RUN through the entry point; the end of its first iteration waits for the test's SIGTERM."""
+  train_iteration = Trainer.train_iteration
+
+  def until_sigterm(trainer):
+    metrics = train_iteration(trainer)
+    if trainer.iteration == 0:  # not yet counted
+      print("iteration 1 waits for SIGTERM", flush=True)
+      while not preemption.requested():
+        time.sleep(0.01)
+    return metrics
+
+  Trainer.train_iteration = until_sigterm
+  train_main(_config(model_dir, workdir, **PREEMPTED_RUN))
+
+
+if __name__ == "__main__":
+  _preempted_worker(sys.argv[1], sys.argv[2])

@@ -35,6 +35,7 @@ import re
 from envs.host.base import TextStep, check_split, extract_answer, format_failure, split_index
 from envs.host.records import field, file_digest, in_validation, read_records
 from envs.host.sandbox import SandboxLimits, SandboxPool, Test, compile_test, default_pool, resolve_isolation
+from ragen_jax import paths
 
 BUNDLED_PROBLEMS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "code_problems.jsonl")
 INSTRUCTION = (
@@ -90,9 +91,9 @@ def load_code_problems(
   path: str = BUNDLED_PROBLEMS, validation_fraction: float = 0.1
 ) -> dict[str, tuple[CodeProblem, ...]]:
   """{"train": problems, "validation": problems} from a JSONL/JSON file (cached per process)."""
-  if not os.path.isfile(path):
+  if not paths.exists(path) or paths.isdir(path):
     raise FileNotFoundError(f"code problem file not found: {path}")
-  path = os.path.abspath(path)
+  path = paths.join(path)
   return _load(path, file_digest(path), validation_fraction)
 
 

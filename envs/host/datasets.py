@@ -32,8 +32,6 @@ from __future__ import annotations
 import abc
 import dataclasses
 import functools
-import os
-import pathlib
 import threading
 from collections.abc import Iterator, Sequence
 
@@ -43,15 +41,16 @@ import tensorflow_datasets as tfds
 from envs.host.arithmetic import evaluate, parse_arithmetic
 from envs.host.math_answers import gold_answer
 from envs.host.records import field, file_digest, in_validation, read_records
+from ragen_jax import paths
 
 SPLITS = ("train", "validation")
 _QUESTION_KEYS = ("question", "query", "problem")
 _ANSWER_KEYS = ("answer", "response", "solution")
 
 
-def default_data_dir() -> pathlib.Path:
-  root = os.environ.get("RAGEN_JAX_CACHE") or pathlib.Path.home() / ".cache" / "ragen_jax"
-  return pathlib.Path(root) / "tfds"
+def default_data_dir() -> str:
+  """Where the generated datasets are prepared: `tfds/` in the host's cache (`paths.default_cache_root`)."""
+  return paths.join(paths.default_cache_root(), "tfds")
 
 
 class _InMemoryBuilder(tfds.core.GeneratorBasedBuilder):
@@ -313,15 +312,15 @@ def gsm_symbolic_config(**params) -> GsmSymbolicConfig:
 def math_file_config(path: str, validation_path: str = "", validation_fraction: float = 0.1) -> MathFileConfig:
   """A MathFileConfig named after the files' digest; the files are read and checked (`math_file_splits`)."""
   for p in (path, validation_path):
-    if p and not os.path.isfile(p):
+    if p and (not paths.exists(p) or paths.isdir(p)):
       raise FileNotFoundError(f"math problem file not found: {p}")
   if not 0.0 <= validation_fraction < 1.0:
     raise ValueError(f"validation_fraction must be in [0, 1), got {validation_fraction}")
   name = f"file{file_digest(path, validation_path)}_val{validation_fraction}".replace(".", "p")
   config = MathFileConfig(
     name=name,
-    path=os.path.abspath(path),
-    validation_path=validation_path and os.path.abspath(validation_path),
+    path=paths.join(path),
+    validation_path=validation_path and paths.join(validation_path),
     validation_fraction=validation_fraction,
   )
   # read and checked now, once per file version, not at the first reset

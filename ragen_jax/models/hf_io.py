@@ -20,6 +20,7 @@ from flax import traverse_util
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from ragen_jax import paths
 from ragen_jax.models.config import ModelConfig
 
 _LAYER_TENSORS = {  # our name under "layers" -> (HF suffix, is a Dense kernel)
@@ -97,7 +98,7 @@ def check_model_dir(path: str | os.PathLike) -> None:
   config.json, no *.safetensors, no tokenizer files, no chat template.
   """
   if "://" in str(path):
-    raise CheckpointError("models load from a local directory; copy it down first (e.g. gcloud storage cp -r)")
+    raise CheckpointError("models load from a local directory; stage it first (ragen_jax.paths.staged)")
   path = Path(path).expanduser()
   if not path.exists():
     raise CheckpointError("no such directory")
@@ -211,10 +212,9 @@ def load_params(path, config: ModelConfig, abstract, shardings) -> dict:
   return traverse_util.unflatten_dict(params)
 
 
-def export_hf(params, config: ModelConfig, out_dir: str | os.PathLike, tokenizer=None) -> Path:
-  """Writes `params` as a transformers-loadable directory (config.json + model.safetensors)."""
-  out_dir = Path(out_dir)
-  out_dir.mkdir(parents=True, exist_ok=True)
+def export_hf(params, config: ModelConfig, out_dir: str | os.PathLike, tokenizer=None) -> str:
+  """Writes `params` as a transformers-loadable directory (config.json + model.safetensors) to `out_dir`, local or
+  `gs://`; returns it."""
   tensors = {}
   for param_path, value in traverse_util.flatten_dict(params).items():
     if param_path[0] == "value_head":
@@ -226,8 +226,9 @@ def export_hf(params, config: ModelConfig, out_dir: str | os.PathLike, tokenizer
         tensors[name] = np.ascontiguousarray(value[i].T if transpose else value[i])
     else:
       tensors[names] = np.ascontiguousarray(value.T if transpose else value)
-  save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-  (out_dir / "config.json").write_text(json.dumps(config.to_hf(), indent=2))
-  if tokenizer is not None:
-    tokenizer.save_pretrained(out_dir)
-  return out_dir
+  with paths.writing_dir(out_dir) as local:
+    save_file(tensors, os.path.join(local, "model.safetensors"), metadata={"format": "pt"})
+    paths.write_text(os.path.join(local, "config.json"), json.dumps(config.to_hf(), indent=2))
+    if tokenizer is not None:
+      tokenizer.save_pretrained(local)
+  return os.fspath(out_dir)

@@ -27,15 +27,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 from safetensors import safe_open
-from safetensors.numpy import save_file
+from safetensors.numpy import save
 
+from ragen_jax import paths
 from ragen_jax.config import check
 from ragen_jax.models.config import ModelConfig
 from ragen_jax.models.hf_io import CheckpointError, hf_layer_tensor
@@ -128,10 +128,9 @@ def _peft_names(config: ModelConfig, projection: str) -> tuple[list[str], list[s
   return [f"{n}.lora_A.weight" for n in names], [f"{n}.lora_B.weight" for n in names]
 
 
-def save_adapters(config: ModelConfig, adapters, out_dir: str | os.PathLike, base_model: str = "") -> Path:
-  """Writes the adapters of `adapters` (a trainable tree or whole params) as a PEFT LoRA directory."""
-  out_dir = Path(out_dir)
-  out_dir.mkdir(parents=True, exist_ok=True)
+def save_adapters(config: ModelConfig, adapters, out_dir: str | os.PathLike, base_model: str = "") -> str:
+  """Writes the adapters of `adapters` (a trainable tree or whole params) as a PEFT LoRA directory to `out_dir`,
+  local or `gs://`; returns it."""
   layers = jax.device_get(adapters["layers"])
   tensors = {}
   for name in config.lora.projections:
@@ -140,24 +139,24 @@ def save_adapters(config: ModelConfig, adapters, out_dir: str | os.PathLike, bas
     for i in range(config.num_layers):  # PEFT: lora_A.weight [r, in], lora_B.weight [out, r]
       tensors[a_names[i]] = np.ascontiguousarray(a[i].T)
       tensors[b_names[i]] = np.ascontiguousarray(b[i].T)
-  save_file(tensors, str(out_dir / "adapter_model.safetensors"), metadata={"format": "pt"})
+  payload = save(tensors, metadata={"format": "pt"})
   peft_config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": config.lora.rank,
                  "lora_alpha": config.lora.alpha, "lora_dropout": config.lora.dropout,
                  "target_modules": list(config.lora.projections), "bias": "none", "fan_in_fan_out": False,
                  "use_rslora": False, "base_model_name_or_path": base_model}
-  (out_dir / "adapter_config.json").write_text(json.dumps(peft_config, indent=2))
-  return out_dir
+  paths.write_bytes(paths.join(out_dir, "adapter_model.safetensors"), payload)
+  paths.write_text(paths.join(out_dir, "adapter_config.json"), json.dumps(peft_config, indent=2))
+  return os.fspath(out_dir)
 
 
 def check_adapter_dir(path: str | os.PathLike, lora: LoraConfig) -> None:
   """Raises CheckpointError unless `path` holds PEFT LoRA adapters of `lora`'s rank, alpha and targets."""
-  path = Path(path)
-  config_file, tensor_file = path / "adapter_config.json", path / "adapter_model.safetensors"
-  if not config_file.is_file() or not tensor_file.is_file():
+  config_file, tensor_file = paths.join(path, "adapter_config.json"), paths.join(path, "adapter_model.safetensors")
+  if not paths.exists(config_file) or not paths.exists(tensor_file):
     raise CheckpointError(f"{path} is not a LoRA adapter directory (adapter_config.json and "
                           f"adapter_model.safetensors, as a run's final_adapters/ holds)")
   try:
-    saved = json.loads(config_file.read_text())
+    saved = json.loads(paths.read_text(config_file))
   except json.JSONDecodeError as error:
     raise CheckpointError(f"{config_file} is not JSON: {error}") from error
   want = {"r": lora.rank, "lora_alpha": lora.alpha, "target_modules": sorted(lora.projections)}
@@ -175,7 +174,7 @@ def load_adapters(path: str | os.PathLike, config: ModelConfig, abstract, shardi
   """
   check_adapter_dir(path, config.lora)
   out = {}
-  with safe_open(Path(path) / "adapter_model.safetensors", framework="numpy") as tensors:
+  with safe_open(paths.join(path, "adapter_model.safetensors"), framework="numpy") as tensors:
     known = set(tensors.keys())
     for name in config.lora.projections:
       for leaf_name, names in zip(("a", "b"), _peft_names(config, name)):

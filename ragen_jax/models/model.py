@@ -79,6 +79,15 @@ def input_sharding(mesh: Mesh, shape) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec())
 
 
+def put_batch(mesh: Mesh, rows) -> jax.Array:
+  """A batch placed as `input_sharding` places it, from the rows of it that this process holds
+  (`mesh.process_rows`: all of them with one process; with several the batch must divide over the batch shards)."""
+  rows = np.asarray(rows)
+  if jax.process_count() == 1:
+    return jax.device_put(rows, input_sharding(mesh, rows.shape))
+  return jax.make_array_from_process_local_data(mesh_lib.batch_sharding(mesh, rows.ndim), rows)
+
+
 @dataclasses.dataclass(frozen=True)
 class Model:
   """A model handle: its config, its params placed on `mesh`, and convenience calls."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 
 import matplotlib
 
@@ -12,7 +11,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from scipy import stats  # noqa: E402
 
-from ragen_jax.report.summary import label_iterations  # noqa: E402
+from ragen_jax import paths  # noqa: E402
+from ragen_jax.report.summary import label_iterations, save_figure  # noqa: E402
 
 CURVES = (("validation success", "val/success"), ("trajectory MI z-score", "collapse/trajectory/mi_zscore"),
           ("policy entropy", "update/policy_entropy"), ("SNR filter kept ratio", "update/filter_kept_ratio"))
@@ -171,14 +171,11 @@ def write_comparison(workdir: str, results: dict) -> str:
             "here (both settings), so with a handful of runs they are very noisy.", "",
             "![validation success, MI z-score, entropy and kept ratio over iterations](curves.png)", "",
             "![final success against MI z-score and entropy](correlations.png)"]
-  path = os.path.join(workdir, "compare.md")
-  with open(path, "w") as f:
-    f.write("\n".join(lines) + "\n")
+  path = paths.join(workdir, "compare.md")
+  paths.write_text(path, "\n".join(lines) + "\n")
   return path
 
 
 def _save(fig, path: str) -> str:
   fig.tight_layout()
-  fig.savefig(path, dpi=80)
-  plt.close(fig)
-  return path
+  return save_figure(fig, path)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import logging
-import os
 
 import jax
 from clu import parameter_overview
 
+from ragen_jax import paths
 from ragen_jax.models import bundled_model_dir, lora
 from ragen_jax.models.scratch import SCRATCH_TINY, TINY_DIMS
 
@@ -61,8 +61,6 @@ def _lora_lines(model, params, count: int) -> list[str]:
 
 def write_parameter_table(params, workdir: str) -> str:
   """Writes clu's parameter table (name, shape, dtype, size, sharding) to `workdir/parameters.txt`; returns it."""
-  os.makedirs(workdir, exist_ok=True)
-  path = os.path.join(workdir, "parameters.txt")
-  with open(path, "w") as f:
-    f.write(parameter_overview.get_parameter_overview(params, include_stats="sharding") + "\n")
+  path = paths.join(workdir, "parameters.txt")
+  paths.write_text(path, parameter_overview.get_parameter_overview(params, include_stats="sharding") + "\n")
   return path

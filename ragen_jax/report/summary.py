@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import math
 import os
 
@@ -11,7 +12,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from ragen_jax.report.writer import read_metrics  # noqa: E402
+from ragen_jax import paths  # noqa: E402
+from ragen_jax.report.writer import CONFIG_FILE, read_metrics  # noqa: E402
 
 PANELS = (  # (title, keys drawn on the panel): keys of one panel share a scale
     ("validation success", ("val/success",)),
@@ -32,7 +34,9 @@ RUN_FILES = (("metrics.jsonl", "every metric of every iteration"),
              ("transcripts.jsonl", "decoded validation episodes: prompts, replies, parsed actions, rewards"),
              ("parameters.txt", "the model's parameter table"), ("checkpoints", "train state (Orbax)"),
              ("final_model", "the final policy as a Hugging Face directory"),
-             ("final_metrics.json", "the last iteration's metrics"))
+             ("final_adapters", "the final LoRA adapters alone (PEFT layout)"),
+             ("final_metrics.json", "the last iteration's metrics"), (CONFIG_FILE, "the resolved config"),
+             ("profile", "traces of `train.profile_steps` for TensorBoard's profile tab"))
 
 
 def label_iterations(ax) -> None:
@@ -72,10 +76,15 @@ def run_figure(rows: list[dict], title: str, baseline: dict[str, float] | None =
 
 def plot_run(run_dir: str, title: str, baseline: dict[str, float] | None = None) -> str:
   """`run_dir/report.png`, the `run_figure` of `run_dir/metrics.jsonl`; returns its path."""
-  fig = run_figure(read_metrics(run_dir), title, baseline)
-  path = os.path.join(run_dir, "report.png")
-  fig.savefig(path, dpi=80)
+  return save_figure(run_figure(read_metrics(run_dir), title, baseline), paths.join(run_dir, "report.png"))
+
+
+def save_figure(fig, path: str) -> str:
+  """Writes `fig` as a PNG to `path` (local or `gs://`), closes it and returns `path`."""
+  png = io.BytesIO()
+  fig.savefig(png, format="png", dpi=80)
   plt.close(fig)
+  paths.write_bytes(path, png.getvalue())
   return path
 
 
@@ -83,10 +92,9 @@ def write_report(workdir: str, title: str, body: list[str], plots: list[tuple[st
   """Writes `workdir/report.md`: the title, the `body` lines, then each (name, PNG path) plot; returns its path."""
   lines = [f"# {title}", "", *body, ""]
   for name, plot in plots:
-    lines += [f"![{name}]({os.path.relpath(plot, workdir)})", ""]
-  path = os.path.join(workdir, "report.md")
-  with open(path, "w") as f:
-    f.write("\n".join(lines))
+    lines += [f"![{name}]({os.path.relpath(plot, paths.join(workdir))})", ""]  # relative links: same on gs://
+  path = paths.join(workdir, "report.md")
+  paths.write_text(path, "\n".join(lines))
   return path
 
 
@@ -104,6 +112,6 @@ def metric_table(rows: list[dict], keys=SUMMARY_METRICS) -> list[str]:
 def training_report(workdir: str, title: str, description: list[str]) -> str:
   """`report.md` and `report.png` of a training run in `workdir`: `description` lines, the summary of its
   metrics, its files and the plot; returns the report's path."""
-  files = [f"- `{name}`: {what}" for name, what in RUN_FILES if os.path.exists(os.path.join(workdir, name))]
+  files = [f"- `{name}`: {what}" for name, what in RUN_FILES if paths.exists(paths.join(workdir, name))]
   body = [*description, "", *metric_table(read_metrics(workdir)), "", "Files of the run:", *files]
   return write_report(workdir, title, body, [(title, plot_run(workdir, title))])

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ragen_jax import mesh as mesh_lib
 from ragen_jax.models.model import Model
 from ragen_jax.rollout import prompt
 from ragen_jax.rollout.episodes import (RolloutAssets, RolloutConfig, act, reasoning_lengths, render_batch,
@@ -51,14 +52,16 @@ def next_offsets(writer: TrajectoryWriter, added_B, seq_len: int) -> np.ndarray:
 
 
 def reprefill(model: Model, config: RolloutConfig, writer: TrajectoryWriter, stop_sequences, key, active_B):
-  """Samples a reply for each active episode, prefilling each whole history in `writer` from scratch."""
+  """Samples a reply for each active episode, prefilling each whole history in `writer` from scratch; the
+  `sampling.Generation` on the host. With several processes each passes its own rows (`mesh.process_rows`) and
+  gets their replies."""
   valid, tokens, segment, window = jax.device_get((writer.slots.valid, writer.slots.tokens,
                                                    writer.slots.segment_ids, writer.slots.visible_from))
   history = lambda x: [row[row_valid] for row, row_valid in zip(x, valid)]  # noqa: E731
   session = SamplingSession.for_replies(model, history(tokens), config.max_new_tokens, history(segment),
                                         history(window))
-  return session.generate(config.max_new_tokens, config.rule, key=key, stop_sequences=stop_sequences,
-                          active=active_B)
+  gen = session.generate(config.max_new_tokens, config.rule, key=key, stop_sequences=stop_sequences, active=active_B)
+  return jax.tree.map(mesh_lib.local_rows, gen)
 
 
 def reprefill_policy(model: Model, config: RolloutConfig, assets: RolloutAssets):

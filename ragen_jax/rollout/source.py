@@ -21,7 +21,7 @@ import numpy as np
 from envs.text import VocabTable
 from ragen_jax import mesh as mesh_lib
 from ragen_jax.models.config import ModelConfig
-from ragen_jax.models.model import Model, input_sharding
+from ragen_jax.models.model import Model, input_sharding, put_batch
 from ragen_jax.rollout.device import device_rollout, slot_layout
 from ragen_jax.rollout.episodes import RolloutAssets, RolloutConfig
 from ragen_jax.rollout.text import text_rollout
@@ -78,7 +78,9 @@ class TextSource:
     return self.config.max_episode_len
 
   def run(self, params, seeds_B, group_ids_B, key, split: str = "train") -> Trajectories:
+    """Each process plays the episodes its devices hold under the batch sharding (`mesh.process_rows`)."""
     model = dataclasses.replace(self.model, params=params)
-    traj = text_rollout(model, self.tokenizer, self.vocab, self.make_env, self.config.for_split(split), seeds_B,
-                        group_ids_B, key, self.seq_len, split)
-    return jax.tree.map(functools.partial(_batch_put, self.model.mesh), traj)
+    rows = mesh_lib.process_rows(model.mesh, len(seeds_B))
+    traj = text_rollout(model, self.tokenizer, self.vocab, self.make_env, self.config.for_split(split),
+                        np.asarray(seeds_B)[rows], np.asarray(group_ids_B)[rows], key, self.seq_len, split)
+    return jax.tree.map(functools.partial(put_batch, model.mesh), traj)

@@ -12,6 +12,7 @@ import numpy as np
 
 from envs import text as env_text
 from envs.host import score_batch
+from ragen_jax import mesh as mesh_lib
 from ragen_jax.rollout import prompt
 from ragen_jax.rollout.episodes import RolloutConfig, reasoning_lengths
 from ragen_jax.rollout.host import context_windows, next_offsets, reprefill
@@ -27,7 +28,10 @@ def text_rollout(model, tokenizer, vocab: env_text.VocabTable, make_env, config:
   An episode gets at most `seq_len` tokens (`rollout.max_episode_len`): a reply that would pass it is cut
   there and not scored, and an episode whose next prompt (and one reply token) would not fit ends after its
   turn; either way that last turn gets the format penalty (once) and counts as invalid. Only a first prompt
-  longer than `seq_len` is an error."""
+  longer than `seq_len` is an error.
+
+  With several processes each plays its own rows of the batch (`mesh.process_rows`), all of them call the sampler
+  together and play the same number of turns; the trajectories are this process's rows."""
   pieces = prompt.ChatPieces.from_tokenizer(tokenizer)
   envs = [make_env() for _ in seeds_B]
   observations = [env.reset(int(seed), split) for env, seed in zip(envs, seeds_B)]
@@ -53,7 +57,7 @@ def text_rollout(model, tokenizer, vocab: env_text.VocabTable, make_env, config:
 
   chunks = [prompt_chunk(i, 0) for i in range(len(envs))]
   for turn in range(max_turns):
-    if done.all():
+    if not mesh_lib.process_max(int(not done.all())):  # every process's episodes are done
       break
     system_tokens = len(system_ids) if turn == 0 else 0
     tokens_BT, valid_BT = pad_batch(chunks, side="right")

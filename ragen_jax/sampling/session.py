@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 
 import jax
 import numpy as np
 
-from ragen_jax.models.model import Model, input_sharding
+from ragen_jax import mesh as mesh_lib
+from ragen_jax.models.model import Model, put_batch
 from ragen_jax.sampling.rules import SamplingRule
 from ragen_jax.sampling.sampler import (PAD_ID, CacheOverflowError, Generation, SamplerState, decode, extend,
                                         prefill, stop_sequence_array)
@@ -18,9 +20,10 @@ def round_up(n: int, multiple: int) -> int:
   return -(-n // multiple) * multiple
 
 
-def pad_batch(rows: Sequence[Sequence[int]], side: str = "left", multiple: int = 8):
-  """(tokens int32[B, T], valid bool[B, T]) with T rounded up to `multiple` (fewer recompiles)."""
-  width = round_up(max(1, max(len(r) for r in rows)), multiple)
+def pad_batch(rows: Sequence[Sequence[int]], side: str = "left", multiple: int = 8, longest: int = 0):
+  """(tokens int32[B, T], valid bool[B, T]) with T the longest row (or `longest` when longer) rounded up to
+  `multiple` (fewer recompiles)."""
+  width = round_up(max(1, longest, max(len(r) for r in rows)), multiple)
   tokens = np.full((len(rows), width), PAD_ID, np.int32)
   valid = np.zeros((len(rows), width), bool)
   for i, row in enumerate(rows):
@@ -35,7 +38,9 @@ class SamplingSession:
   """A batch of conversations on one KV cache: start, generate, append, generate, ...
 
   The host tracks how many cache slots are used, so an overflow fails clearly
-  before anything is compiled or run.
+  before anything is compiled or run. With several processes each passes the rows
+  of the batch its devices hold (`mesh.process_rows`) and every call is made by all
+  of them; the generations are global arrays (`mesh.local_rows` reads a process's rows).
   """
 
   model: Model
@@ -51,13 +56,13 @@ class SamplingSession:
     """Prefills the prompts. `segments` / `visible_from` (per-token lists like `prompts`)
     restrict each token's context (see `models.transformer`); replies continue the
     segment and window of their prompt's last token."""
-    tokens, valid = pad_batch(prompts)
+    longest = mesh_lib.process_max(max(len(p) for p in prompts))  # all processes pad to the same width
+    tokens, valid = pad_batch(prompts, longest=longest)
     if tokens.shape[1] > max_len:
       raise CacheOverflowError(f"prompts need {tokens.shape[1]} cache slots, the cache has {max_len}")
-    context = () if segments is None else tuple(pad_batch(x)[0] for x in (segments, visible_from))
+    context = () if segments is None else tuple(pad_batch(x, longest=longest)[0] for x in (segments, visible_from))
     with jax.set_mesh(model.mesh):
-      sharding = input_sharding(model.mesh, tokens.shape)
-      put = lambda x: jax.device_put(x, sharding)  # noqa: E731
+      put = functools.partial(put_batch, model.mesh)
       state = prefill(model.config, model.params, put(tokens), put(valid), max_len, *map(put, context))
     reply_segment, reply_visible_from = (x[:, -1] for x in context) if context else (None, None)
     return cls(model=model, state=state, max_len=max_len, used=tokens.shape[1], reply_segment=reply_segment,
@@ -67,8 +72,8 @@ class SamplingSession:
   def for_replies(cls, model: Model, prompts: Sequence[Sequence[int]], max_new_tokens: int, segments=None,
                   visible_from=None) -> SamplingSession:
     """A session whose cache holds the (padded) prompts plus `max_new_tokens` replies."""
-    return cls.start(model, prompts, round_up(max(len(p) for p in prompts), 8) + max_new_tokens, segments,
-                     visible_from)
+    longest = mesh_lib.process_max(max(len(p) for p in prompts))
+    return cls.start(model, prompts, round_up(longest, 8) + max_new_tokens, segments, visible_from)
 
   def _check_room(self, needed: int):
     if self.used + needed > self.max_len:
@@ -78,12 +83,11 @@ class SamplingSession:
 
   def append(self, chunks: Sequence[Sequence[int]]):
     """Appends one chunk of tokens per row (right-padded) to the conversations."""
-    tokens, valid = pad_batch(chunks, side="right")
+    tokens, valid = pad_batch(chunks, side="right", longest=mesh_lib.process_max(max(len(c) for c in chunks)))
     self._check_room(tokens.shape[1])
     with jax.set_mesh(self.model.mesh):
-      sharding = input_sharding(self.model.mesh, tokens.shape)
-      self.state = extend(self.model.config, self.model.params, self.state,
-                          jax.device_put(tokens, sharding), jax.device_put(valid, sharding))
+      self.state = extend(self.model.config, self.model.params, self.state, put_batch(self.model.mesh, tokens),
+                          put_batch(self.model.mesh, valid))
     self.used += tokens.shape[1]
 
   def generate(self, max_new_tokens: int, rule: SamplingRule = SamplingRule(temperature=0.0),
@@ -95,13 +99,14 @@ class SamplingSession:
     self._check_room(max_new_tokens)
     key = jax.random.key(0) if key is None else key
     stops = stop_sequences if hasattr(stop_sequences, "shape") else stop_sequence_array(stop_sequences)
-    row_limits = None if row_max_new_tokens is None else np.asarray(row_max_new_tokens, np.int32)
-    active = None if active is None else np.asarray(active, bool)
+    put = lambda x, dtype: None if x is None else put_batch(self.model.mesh, np.asarray(x, dtype))  # noqa: E731
     with jax.set_mesh(self.model.mesh):
       self.state, generation = decode(self.model.config, self.model.params, self.state, key, rule=rule,
-                                      max_new_tokens=max_new_tokens, row_max_new_tokens_B=row_limits,
-                                      stop_sequences_ML=stops, active_B=active, segment_B=self.reply_segment,
-                                      visible_from_B=self.reply_visible_from)
+                                      max_new_tokens=max_new_tokens,
+                                      row_max_new_tokens_B=put(row_max_new_tokens, np.int32),
+                                      stop_sequences_ML=stops, active_B=put(active, bool),
+                                      segment_B=put(self.reply_segment, np.int32),
+                                      visible_from_B=put(self.reply_visible_from, np.int32))
     self.used += max_new_tokens
     return generation
 

@@ -1,14 +1,11 @@
 """`launch.tpu_vm --dry-run`: the exact gcloud commands, argument by argument; quoting; early errors.
 
-Nothing is run: every test goes through --dry-run and parses the printed lines
-back (shlex for the local line, a POSIX-shell tokenizer for the command sent
-to the workers).
+Nothing is sent anywhere: every test goes through --dry-run and parses the printed
+lines back (shlex for the local line, a POSIX-shell tokenizer for the command sent
+to the workers and the restart loop it starts).
 """
 
-import ml_collections
 import pytest
-from absl import flags
-from ml_collections import config_flags
 
 from launch import commands, tpu_vm
 from ragen_jax import config as config_lib
@@ -16,7 +13,8 @@ from tests.launch.conftest import HOSTILE, shell_words
 
 ZONE = "--zone=us-central2-b"
 SSH = ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "my-tpu", "--zone=us-central2-b"]
-TRAIN_CONFIG = "configs/chat.py"  # any config file of the repo; the trainer validates the keys on the workers
+TRAIN_CONFIG = "configs/tiny_test.py"  # a training config: `run` checks it here as the trainer does
+HOSTILE_SETTING = f"logging.wandb_project={HOSTILE}"  # a free-text setting
 
 
 def remote_command(argv):
@@ -125,44 +123,89 @@ def _run_words(*extra):
   return ["my-tpu", ZONE, f"--config={TRAIN_CONFIG}", "--workdir=gs://my-bucket/runs/a", *extra]
 
 
-def test_run_trains_on_all_workers_and_streams_the_log(dry_run):
-  (argv,) = dry_run(tpu_vm.main, "run", *_run_words("--mesh-preset=v5e-16", f"--override=prompt={HOSTILE}",
-                                                    "--env=TPU_STDERR_LOG_LEVEL=0"))
+def _loop_and_rest(words):
+  """(the restart loop's script, the words after it) of a worker command that starts `sh -c LOOP`."""
+  at = words.index("sh")
+  assert words[at + 1] == "-c"
+  return words[at + 2], words[at + 3:]
+
+
+def _train_words(loop):
+  """The trainer's argv inside the restart loop, as `sh -c` splits it."""
+  words = shell_words(loop)
+  return words[words.index("do") + 1:words.index("code=$?") - 1]
+
+
+def test_run_trains_on_all_workers_in_a_restart_loop_and_streams_the_log(dry_run):
+  (argv,) = dry_run(tpu_vm.main, "run", *_run_words("--mesh-preset=v5e-16", f"--override={HOSTILE_SETTING}",
+                                                    "--env=TPU_STDERR_LOG_LEVEL=0", "--max-restarts=7"))
   assert argv[len(SSH)] == "--worker=all"
-  assert remote_command(argv) == [
-      "cd", "ragen_jax", "&&", "mkdir", "-p", "logs", "&&", "set", "-o", "pipefail", "&&",
-      "env", "TPU_STDERR_LOG_LEVEL=0", ".venv/bin/python", "-m", "ragen_jax.train", f"--config={TRAIN_CONFIG}",
-      "--config.distributed.enabled=True", "--config.mesh.data=1", "--config.mesh.fsdp=16",
-      "--config.mesh.tensor=1", "--config.workdir=gs://my-bucket/runs/a", f"--config.prompt={HOSTILE}",
-      "2", ">&", "1", "|", "tee", "-a", "logs/train.log"]
+  words = remote_command(argv)
+  assert words[:words.index("sh")] == ["cd", "ragen_jax", "&&", "mkdir", "-p", "logs", "&&", "set", "-o",
+                                       "pipefail", "&&"]
+  loop, rest = _loop_and_rest(words)
+  assert rest == ["2", ">&", "1", "|", "tee", "-a", "logs/train.log"]
+  train = ["env", "TPU_STDERR_LOG_LEVEL=0", ".venv/bin/python", "-m", "ragen_jax.train", f"--config={TRAIN_CONFIG}",
+           "--config.distributed.enabled=True", "--config.mesh.data=1", "--config.mesh.fsdp=16",
+           "--config.mesh.tensor=1", "--config.workdir=gs://my-bucket/runs/a", f"--config.{HOSTILE_SETTING}"]
+  assert loop == commands.restart_loop(train, max_restarts=7)
+  assert _train_words(loop) == train
 
 
-def test_run_detached_writes_log_and_pid(dry_run):
+def test_run_detached_writes_log_and_process_group(dry_run):
   (argv,) = dry_run(tpu_vm.main, "run", *_run_words("--detach", "--remote-dir=/opt/ragen jax"))
   words = remote_command(argv)
-  assert words[:8] == ["cd", "/opt/ragen jax", "&&", "mkdir", "-p", "logs", "&&", "{"]
-  assert words[8:11] == ["nohup", ".venv/bin/python", "-m"]
-  assert words[words.index("--config.workdir=gs://my-bucket/runs/a") + 1:] == [
-      ">>", "logs/train.log", "2", ">&", "1", "<", "/dev/null", "&", "echo", "$!", ">", "logs/train.pid", ";", "}"]
+  assert words[:words.index("sh")] == ["cd", "/opt/ragen jax", "&&", "mkdir", "-p", "logs", "&&", "{", "setsid",
+                                       "nohup"]
+  loop, rest = _loop_and_rest(words)
+  assert _train_words(loop)[:3] == [".venv/bin/python", "-m", "ragen_jax.train"]
+  assert "-ge 100 ]" in loop  # --max-restarts defaults to 100
+  assert rest == [">>", "logs/train.log", "2", ">&", "1", "<", "/dev/null", "&", "echo", "$!", ">", "logs/train.pid",
+                  ";", "}"]
 
 
-def test_run_flags_set_the_intended_config_values_through_two_shells(dry_run):
-  """The words the worker's shell passes to the trainer, parsed by ml_collections, give back every value."""
-  (argv,) = dry_run(tpu_vm.main, "run", *_run_words("--mesh-preset=v4-8", f"--override=prompt={HOSTILE}",
-                                                    "--override=max_new_tokens=7"))
-  words = remote_command(argv)
-  train_flags = words[words.index("ragen_jax.train") + 2:words.index("2")]  # after --config=FILE, before 2>&1
-  config = config_lib.load_config_file(str(commands.ROOT / TRAIN_CONFIG))
-  config.distributed = ml_collections.ConfigDict({"enabled": False})
-  config.workdir = ""
-  argv = ["train", *train_flags]
-  values = flags.FlagValues()
-  config_flags.DEFINE_config_dict("config", config, flag_values=values, sys_argv=argv)
-  values(argv)
-  parsed = values.config
-  assert parsed.prompt == HOSTILE and parsed.max_new_tokens == 7 and parsed.distributed.enabled is True
-  assert (parsed.mesh.data, parsed.mesh.fsdp, parsed.mesh.tensor) == (1, 4, 1)
-  assert parsed.workdir == "gs://my-bucket/runs/a"
+def test_run_flags_set_the_intended_config_values_through_three_shells(dry_run):
+  """The words the worker's `sh -c` passes to the trainer, parsed by the trainer's parser, give back every value."""
+  (argv,) = dry_run(tpu_vm.main, "run", *_run_words("--mesh-preset=v5e-16", "--tensor=4",
+                                                    f"--override={HOSTILE_SETTING}",
+                                                    "--override=rollout.max_new_tokens=7"))
+  train = _train_words(_loop_and_rest(remote_command(argv))[0])
+  assert train[train.index("ragen_jax.train") + 1] == f"--config={TRAIN_CONFIG}"
+  parsed = config_lib.parse_config(["train", f"--config={commands.ROOT / TRAIN_CONFIG}",
+                                    *train[train.index("ragen_jax.train") + 2:]])
+  assert parsed.logging.wandb_project == HOSTILE and parsed.rollout.max_new_tokens == 7
+  assert parsed.distributed.enabled is True and parsed.workdir == "gs://my-bucket/runs/a"
+  assert (parsed.mesh.data, parsed.mesh.fsdp, parsed.mesh.tensor) == (1, 4, 4)
+
+
+def test_run_checks_the_config_here_with_the_trainers_own_message(capsys):
+  """A misspelt key stops the dry run before any command, with the line the trainer's parser gives
+  (`config.parse_flags`, what `python -m ragen_jax.train` parses with: tests/test_errors.py runs it)."""
+  override = "train.iteratons=3"
+  with pytest.raises(SystemExit) as train_exit:
+    config_lib.parse_config(["ragen_jax.train", f"--config={commands.ROOT / TRAIN_CONFIG}", f"--config.{override}"])
+  with pytest.raises(SystemExit) as run_exit:
+    tpu_vm.main(["run", "--dry-run", *_run_words(f"--override={override}")])
+  assert capsys.readouterr().out == ""
+  assert run_exit.value.code == train_exit.value.code == (
+      "error: unknown config key 'train.iteratons'; did you mean 'train.iterations' or 'train.actor_lr' or "
+      "'train.beta2'?")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("rollout.max_new_tokens=many", "error: flag --config.rollout.max_new_tokens=many: invalid literal for int()"),
+    ("filter.strategy=best", "error: filter.strategy='best' is not one of"),
+    ("model.adapters=gs://my-bucket/adapters", "error: model.adapters='gs://my-bucket/adapters': needs LoRA"),
+])
+def test_run_rejects_values_the_trainer_rejects(override, message):
+  with pytest.raises(SystemExit) as exit_info:
+    tpu_vm.main(["run", "--dry-run", *_run_words(f"--override={override}")])
+  assert exit_info.value.code.startswith(message)
+
+
+def test_run_leaves_model_files_to_the_workers(dry_run):
+  (argv,) = dry_run(tpu_vm.main, "run", *_run_words("--override=model.path=gs://my-bucket/models/qwen"))
+  assert "--config.model.path=gs://my-bucket/models/qwen" in _train_words(_loop_and_rest(remote_command(argv))[0])
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -173,7 +216,10 @@ def test_run_flags_set_the_intended_config_values_through_two_shells(dry_run):
     (["--override=bad key=1"], "expected KEY=VALUE"),
     (["--override=prompt=two\nlines"], "line breaks cannot pass"),
     (["--env=1BAD=x"], "expected NAME=VALUE"),
-    (["--mesh-preset=v5e-8"], "unknown mesh preset 'v5e-8'; known: cpu, gpu1, gpu8, v4-8, v5e-16, v5p-64"),
+    (["--mesh-preset=v5e-12"], "unknown mesh preset 'v5e-12'; known: cpu, gpu1, gpu8, v4-8, "),
+    (["--mesh-preset=v5e-16", "--tensor=3"], "--tensor=3 must divide the preset's 16 devices"),
+    (["--tensor=2"], "--tensor needs --mesh-preset"),
+    (["--max-restarts=-1"], "expected an integer >= 0"),
 ])
 def test_run_rejects_bad_settings(usage_error, extra, message):
   assert message in usage_error(tpu_vm.main, "run", *_run_words(*extra))
@@ -187,6 +233,12 @@ def test_run_rejects_bad_settings(usage_error, extra, message):
 ])
 def test_run_checks_config_and_workdir(usage_error, argv, message):
   assert message in usage_error(tpu_vm.main, "run", "my-tpu", ZONE, *argv)
+
+
+def test_tensorboard_reads_the_run_directory_from_gcs(dry_run, usage_error):
+  assert dry_run(tpu_vm.main, "tensorboard", "--logdir=gs://my-bucket/runs/a", "--port=6007") == [
+      ["tensorboard", "--logdir=gs://my-bucket/runs/a", "--port=6007"]]
+  assert "expected gs://BUCKET[/PATH]" in usage_error(tpu_vm.main, "tensorboard", "--logdir=runs/a")
 
 
 def test_exec_runs_one_quoted_command(dry_run):
