@@ -214,6 +214,15 @@ def build_mesh(config, batch_size: int | None = None) -> jax.sharding.Mesh:
   return mesh
 
 
+def check_process_split(mesh: jax.sharding.Mesh, key: str, episodes: int) -> None:
+  """With several processes each plays its own share of a rollout's `episodes` (`mesh.process_rows`): raises a
+  ConfigError naming `key` when they do not divide over the mesh's data x fsdp shards."""
+  shards = mesh_lib.batch_shards(mesh)
+  if jax.process_count() > 1 and episodes % shards:
+    raise ConfigError(f"{key}: {episodes} episodes do not divide over {shards} data x fsdp shards of the mesh "
+                      f"(needed with {jax.process_count()} processes)")
+
+
 def build_experiment(config, rollout: RolloutConfig, mesh: jax.sharding.Mesh,
                      env_name: str | None = None) -> Experiment:
   """Model, tokenizer and the rollout source of `env_name` (default `env.name`) on `mesh` (`build_mesh`);

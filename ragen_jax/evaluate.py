@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 from ragen_jax import config as config_lib
 from ragen_jax import mesh as mesh_lib
 from ragen_jax import paths
-from ragen_jax.assembly import build_experiment, build_mesh, check_model_and_env
+from ragen_jax.assembly import build_experiment, build_mesh, check_model_and_env, check_process_split
 from ragen_jax.models import lora
 from ragen_jax.report.startup import quiet_library_logs, startup_lines
 from ragen_jax.report.transcripts import decode_episodes, first_episodes, transcript_text
@@ -79,6 +79,7 @@ def main(config):
   env_names, rollout, val = read_settings(config)
   mesh = build_mesh(config)
   is_main, k = jax.process_index() == 0, config.evaluate.k
+  check_process_split(mesh, f"train.val_episodes={val.val_episodes} x evaluate.k={k}", val.val_episodes * k)
   say = tqdm.write if is_main else lambda line: None
   progress = tqdm(env_names, desc="evaluate", unit="env", disable=not (config.logging.progress_bar and is_main))
   results, transcripts = {}, []

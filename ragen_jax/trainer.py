@@ -18,7 +18,8 @@ from jax.experimental import multihost_utils
 
 from ragen_jax import mesh as mesh_lib
 from ragen_jax import paths, preemption
-from ragen_jax.assembly import Experiment, ModelSettings, build_experiment, build_mesh, check_model_and_env
+from ragen_jax.assembly import (Experiment, ModelSettings, build_experiment, build_mesh, check_model_and_env,
+                                check_process_split)
 from ragen_jax.checkpoint import Checkpointer, abstract_like
 from ragen_jax.config import ConfigError, UserError, check, check_workdir
 from ragen_jax.diagnostics.alarm import AlarmState, update_alarm
@@ -264,10 +265,8 @@ class Trainer:
         logging.info("train.overwrite: deleted the earlier run's %s in %s", ", ".join(earlier), config.workdir)
       if jax.process_count() > 1:
         multihost_utils.sync_global_devices("ragen_jax earlier run deleted")
-    shards = mesh_lib.batch_shards(mesh)
-    if jax.process_count() > 1 and train.val_every and train.val_episodes % shards:
-      raise ConfigError(f"train.val_episodes={train.val_episodes} does not divide over {shards} data x fsdp shards "
-                        f"of the mesh (needed with {jax.process_count()} processes)")
+    if train.val_every:
+      check_process_split(mesh, f"train.val_episodes={train.val_episodes}", train.val_episodes)
     return cls(build_experiment(config, settings.rollout, mesh), settings)
 
   # ---- phases -------------------------------------------------------------

@@ -54,7 +54,12 @@ def _text_job(model_dir, workdir, overrides) -> dict:
   return metrics
 
 
-JOBS = {"resume": _resume_job, "text": _text_job}
+def _evaluate_job(model_dir, workdir, overrides) -> dict:
+  evaluate.main(_config(model_dir, workdir, **overrides))
+  return {}
+
+
+JOBS = {"resume": _resume_job, "text": _text_job, "evaluate": _evaluate_job}
 
 
 def _worker(job, model_dir, workdir, overrides):
@@ -162,9 +167,12 @@ def test_two_processes_play_a_host_environment_and_evaluate_like_one_process(rep
   _assert_close([evaluated[0]["countdown"]], [evaluated[1]["countdown"]])
 
 
-@pytest.mark.parametrize("overrides,message", [({"train.val_episodes": 3}, "val_episodes=3 does not divide over 2")])
-def test_multi_process_settings_fail_before_the_model_loads(tmp_path, overrides, message):
-  results = _wait(_start_two_processes("scratch:tiny", tmp_path, overrides))  # never made: the settings fail first
+@pytest.mark.parametrize("job,overrides,message", [
+    ("resume", {"train.val_episodes": 3}, "train.val_episodes=3: 3 episodes do not divide over 2"),
+    ("evaluate", {"train.val_episodes": 3, "evaluate.k": 1},
+     "train.val_episodes=3 x evaluate.k=1: 3 episodes do not divide over 2")])
+def test_multi_process_settings_fail_before_the_model_loads(tmp_path, job, overrides, message):
+  results = _wait(_start_two_processes("scratch:tiny", tmp_path, overrides, job))  # never made: settings fail first
   for code, output in results:
     assert code != 0 and message in output, output[-3000:]
 
