@@ -6,7 +6,8 @@ import os
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENTRY_POINTS = {"ragen_jax.train": "ragen_jax/train.py", "ragen_jax.evaluate": "ragen_jax/evaluate.py",
                 "ragen_jax.chat": "ragen_jax/chat.py", "ragen_jax.demo.__main__": "ragen_jax/demo/__main__.py",
-                "ragen_jax.demo.compare": "ragen_jax/demo/compare.py", "ragen_jax.plan": "ragen_jax/plan.py"}
+                "ragen_jax.demo.compare": "ragen_jax/demo/compare.py", "ragen_jax.plan": "ragen_jax/plan.py",
+                "ragen_jax.study.__main__": "ragen_jax/study/__main__.py"}
 
 
 def _imported_modules(path):

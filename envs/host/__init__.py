@@ -1,6 +1,6 @@
 """Host-side text environments: answers checked in Python on the host.
 
-    env = envs.host.make_text_env("countdown")          # or "math", "code"
+    env = envs.host.make_text_env("countdown")          # or "math", "code", "search"
     observation = env.reset(seed=10000, split="train")  # the seed picks the problem
     step = env.step("<think>...</think><answer>2 + 5 - 3</answer>")
     step.reward, step.done, step.success, step.format_ok, step.info
@@ -11,7 +11,9 @@ Every env follows `TextEnv` (base.py). Countdown and math are one turn and
 read their problems from tensorflow-datasets builders (datasets.py; generated
 locally on first use, never downloaded). Code runs the model's program in a
 sandbox (sandbox.py) against the problem's tests; `score_batch` overlaps many
-such steps on a bounded pool.
+such steps on a bounded pool. Search QA (search.py) plays several turns of
+`search[query]` over a BM25 index or a retrieval server (retrieval.py), then
+`finish[answer]`, scored by SQuAD F1.
 """
 
 import inspect
@@ -21,8 +23,9 @@ from envs.host.base import TextEnv, TextStep, extract_answer, score_batch
 from envs.host.code_exec import CodeEnv
 from envs.host.countdown import CountdownEnv
 from envs.host.math_qa import MathEnv
+from envs.host.search import SearchEnv
 
-REGISTRY = {"countdown": CountdownEnv, "math": MathEnv, "code": CodeEnv}
+REGISTRY = {"countdown": CountdownEnv, "math": MathEnv, "code": CodeEnv, "search": SearchEnv}
 
 
 def make_text_env(name: str, **config) -> TextEnv:
@@ -50,6 +53,7 @@ __all__ = [
   "CodeEnv",
   "CountdownEnv",
   "MathEnv",
+  "SearchEnv",
   "TextEnv",
   "TextStep",
   "extract_answer",

@@ -16,11 +16,10 @@ import jax
 
 from ragen_jax import config as config_lib
 from ragen_jax import paths
-from ragen_jax.demo.stages import check_settings, log, reinforce, warm_start
+from ragen_jax.demo.stages import check_settings, log, reinforce, share_compiled_programs, warm_start
 from ragen_jax.report.comparison import (SETTINGS, plot_correlations, plot_curves, run_summary, summarize,
                                          write_comparison)
 from ragen_jax.report.writer import read_metrics
-from ragen_jax.trainer import use_compilation_cache
 
 
 def run(config) -> dict:
@@ -63,9 +62,7 @@ def run(config) -> dict:
 
 def main(config):
   logging.getLogger().setLevel(logging.WARNING)
-  # every run compiles the same rollout, scoring and diagnostics: compile once, load from disk afterwards
-  use_compilation_cache(config.train.compilation_cache, config.workdir)
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+  share_compiled_programs(config)
   run(config)
 
 

@@ -27,11 +27,18 @@ from ragen_jax.rollout.device import slot_layout
 from ragen_jax.rollout.episodes import RolloutConfig, build_assets, reset_batch, unbatch
 from ragen_jax.rollout.host import host_rollout
 from ragen_jax.sft import fit, lr_schedule
-from ragen_jax.trainer import Trainer, read_settings
+from ragen_jax.trainer import Trainer, read_settings, use_compilation_cache
 from ragen_jax.trajectories import rollout_metrics
 
 DEMO_SEED_BASE = 50_000  # demonstration seeds, apart from training (10000+) and validation (123+)
 FORMAT_ROW_LEN = 128     # tokens per row of the format stages (4-5 packed replies, or an observation and its reply)
+
+
+def share_compiled_programs(config) -> None:
+  """Every run of a multi-run comparison or study compiles the same rollout, scoring and diagnostics: keep them in
+  the persistent compilation cache, so each later run loads them from disk."""
+  use_compilation_cache(config.train.compilation_cache, config.workdir)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 
 def log(message: str):

@@ -40,9 +40,9 @@ def _mean(values) -> float | None:
   return float(np.mean(values)) if values else None
 
 
-def run_summary(rows: list[dict], sft_val_success: float) -> dict:
-  """Curves (validation starting at the SFT policy at step 0) and per-run means of one run's metric rows."""
-  curves = {key: [[r["step"], r[key]] for r in rows if r.get(key) is not None] for _, key in CURVES}
+def run_summary(rows: list[dict], sft_val_success: float, panels=CURVES) -> dict:
+  """Curves of `panels` (validation starting at the SFT policy at step 0) and per-run means of one run's metrics."""
+  curves = {key: [[r["step"], r[key]] for r in rows if r.get(key) is not None] for _, key in panels}
   curves["val/success"].insert(0, [0, sft_val_success])
   return {"curves": curves,
           "mi_zscore": _mean(r.get("collapse/trajectory/mi_zscore") for r in rows),
@@ -79,12 +79,12 @@ def summarize(runs: list[dict], env_names) -> tuple[dict, dict]:
   return summary, correlations
 
 
-def plot_curves(path: str, runs: list[dict], env_names) -> str:
-  """Rows: CURVES; columns: environments; per setting the mean over seeds with a ±1 std band and thin seed lines."""
-  fig, axes = plt.subplots(len(CURVES), len(env_names), figsize=(6 * len(env_names), 3.2 * len(CURVES)),
+def plot_curves(path: str, runs: list[dict], env_names, panels=CURVES) -> str:
+  """Rows: `panels`; columns: environments; per setting the mean over seeds with a ±1 std band and thin seed lines."""
+  fig, axes = plt.subplots(len(panels), len(env_names), figsize=(6 * len(env_names), 3.2 * len(panels)),
                            squeeze=False)
   for col, env in enumerate(env_names):
-    for row, (title, key) in enumerate(CURVES):
+    for row, (title, key) in enumerate(panels):
       ax = axes[row, col]
       for setting, color in COLORS.items():
         curves = [dict(map(tuple, r["curves"][key])) for r in runs if r["env"] == env and r["setting"] == setting]

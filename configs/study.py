@@ -1,0 +1,19 @@
+"""`python -m ragen_jax.study`: the filter, correlation and collapse studies at demo scale (docs/results.md).
+
+The demo's warm start, once per environment, then RL runs of `train.iterations` each from it. Choose sub-studies
+with `--config.study.names=filter,correlation`; the `study` section is `ragen_jax.study.studies.StudyConfig`.
+"""
+
+from configs import demo
+from configs.base import section
+from ragen_jax.study.studies import StudyConfig
+
+
+def get_config():
+  c = demo.get_config()
+  c.workdir = "runs/study"
+  c.study = section(StudyConfig)
+  c.train.iterations = 20         # validation at 0, 5, 10, 15 and 20
+  c.train.val_every = 5
+  c.train.checkpoint_every = 0
+  return c

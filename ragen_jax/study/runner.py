@@ -1,0 +1,107 @@
+"""The study's work: one warm start per environment, then the runs of each selected sub-study, then its report.
+
+Layout under `workdir`: `warm_start/<env>/` (tokenizer, SFT model, `warm_start.json` once complete),
+`<study>/rl/<run>/` (each run's RL directory), `<study>/runs/<run>.json` (its summary, written when it
+finishes: a restarted study skips the runs that have one, and starts an unfinished run again) and the
+sub-study's report files (`study.report`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+
+import numpy as np
+
+from ragen_jax import paths
+from ragen_jax.demo.stages import log, reinforce, warm_start
+from ragen_jax.report.comparison import run_summary
+from ragen_jax.report.writer import read_metrics
+from ragen_jax.study.report import STUDY_CURVES, write_study
+from ragen_jax.study.studies import Run, StudyConfig, study_runs
+from ragen_jax.trainer import read_settings
+
+WARM_START_FILE = "warm_start.json"
+LAST_VALUES = {"final_mi_zscore": "collapse/trajectory/mi_zscore",
+               "final_retrieval_accuracy": "collapse/trajectory/retrieval_accuracy",
+               "final_retrieval_chance": "collapse/trajectory/retrieval_chance_level",
+               "final_policy_entropy": "update/policy_entropy"}
+
+
+def run_config(config, run: Run):
+  """`config` with the run's environment, RL seed and overrides."""
+  rl_config = copy.deepcopy(config)
+  rl_config.seed = config.seed + run.seed
+  rl_config.env.name = run.env
+  rl_config.update_from_flattened_dict(run.overrides)
+  return rl_config
+
+
+def shared_warm_start(config, env: str) -> str:
+  """The SFT model dir of `env`'s warm start: trained once, reused by every run and every restart."""
+  workdir = paths.join(config.workdir, "warm_start", env)
+  done = paths.join(workdir, WARM_START_FILE)
+  if paths.exists(done):
+    log(f"{env}: reusing the warm start in {workdir}")
+    return paths.join(workdir, "sft_model")
+  ws_config = copy.deepcopy(config)
+  ws_config.workdir = workdir
+  clock = time.time()
+  sft_dir, _, demo_success = warm_start(ws_config, [env])
+  paths.write_text(done, json.dumps({"demo_success": demo_success[env], "minutes": (time.time() - clock) / 60}))
+  return sft_dir
+
+
+def _last(rows: list[dict], key: str) -> float | None:
+  values = [r[key] for r in rows if r.get(key) is not None]
+  return values[-1] if values else None
+
+
+def reinforce_run(config, run: Run, sft_dir: str, study_dir: str) -> dict:
+  """RL of `run` from `sft_dir`; returns its summary."""
+  clock = time.time()
+  trainer, start, final = reinforce(run_config(config, run), run.env, sft_dir, paths.join(study_dir, "rl", run.name))
+  rows = read_metrics(trainer.workdir)
+  return ({"name": run.name, "env": run.env, "setting": run.setting, "seed": run.seed, "overrides": run.overrides,
+           "iterations": trainer.iteration, "early_stop": bool(final.get("early_stop", 0.0)),
+           "sft_val_success": start["val/success"], "final_val_success": final["val/success"],
+           "best_val_success": trainer.best_val_success, "gain": final["val/gain"], "gain_se": final["val/gain_se"],
+           "alarm_steps": [r["step"] for r in rows if r.get("collapse/alarm")]}
+          | {name: _last(rows, key) for name, key in LAST_VALUES.items()}
+          | run_summary(rows, start["val/success"], STUDY_CURVES) | {"minutes": (time.time() - clock) / 60})
+
+
+def record_path(study_dir: str, run: Run) -> str:
+  return paths.join(study_dir, "runs", f"{run.name}.json")
+
+
+def run_study(config) -> dict:
+  """Every selected sub-study (settings of all runs checked first); returns each one's results."""
+  study = StudyConfig(**config.study.to_dict())
+  plans = {name: study_runs(study, name) for name in study.study_names}
+  for runs in plans.values():
+    for run in runs:
+      read_settings(run_config(config, run))
+  dirs = {name: paths.join(config.workdir, name) for name in plans}
+  todo = [(name, run) for name, runs in plans.items() for run in runs if not paths.exists(record_path(dirs[name], run))]
+  log(f"studies {', '.join(plans)}: {sum(map(len, plans.values()))} runs, {len(todo)} still to run")
+  warm = {env: shared_warm_start(config, env) for env in dict.fromkeys(run.env for _, run in todo)}
+  # the time left: the mean time of the runs finished so far, this time or before, per run still to run
+  minutes = [json.loads(paths.read_text(record_path(dirs[name], run)))["minutes"] for name, runs in plans.items()
+             for run in runs if (name, run) not in todo]
+  done, results = 0, {}
+  for name, runs in plans.items():
+    for run in runs:
+      if (name, run) not in todo:
+        continue
+      eta = f", about {np.mean(minutes) * (len(todo) - done):.0f} min left" if minutes else ""
+      log(f"run {done + 1}/{len(todo)}: {name} {run.name}{eta}")
+      record = reinforce_run(config, run, warm[run.env], dirs[name])
+      paths.write_text(record_path(dirs[name], run), json.dumps(record, indent=2))
+      minutes.append(record["minutes"])
+      done += 1
+    records = [json.loads(paths.read_text(record_path(dirs[name], run))) for run in runs]
+    results[name] = write_study(config.workdir, name, study, records, seed=config.seed)
+    log(f"{name}: report in {paths.join(dirs[name], 'report.md')}")
+  return results

@@ -1,0 +1,91 @@
+"""The sub-studies: each a list of named runs, a run being RL settings as config overrides from the shared warm start.
+
+A setting is a dict of flattened config keys (`filter.enabled`) to values, applied over the study's config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ragen_jax.config import check, check_one_of
+from ragen_jax.demo.demonstrations import READ_POSITIONS
+from ragen_jax.report.comparison import SETTINGS
+
+FILTER_SETTINGS = {name: {"filter.enabled": enabled} for name, enabled in SETTINGS.items()}
+# What RAGEN-2 varies between its runs (filter and rho, entropy and KL terms, learning rate) around the demo's
+# RL (filter on, rho 0.9, entropy 0.001, no KL loss, lr 1e-4), and a learning rate meant to degrade the policy.
+CORRELATION_SETTINGS = {
+    "no_filter": {"filter.enabled": False},
+    "snr_filter": {"filter.enabled": True},
+    "rho_0.5": {"filter.value": 0.5},
+    "entropy_0.02": {"algorithm.entropy_coef": 0.02},
+    "kl_0.1": {"algorithm.use_kl_loss": True, "algorithm.kl_coef": 0.1},
+    "lr_3e-5": {"train.actor_lr": 3e-5},
+    "lr_3e-4": {"train.actor_lr": 3e-4},
+    "lr_3e-3_degrades": {"train.actor_lr": 3e-3, "filter.enabled": False},
+}
+# A first guess, to be tuned when the study is run: a strong KL term towards the warm start and a strong
+# entropy bonus hold the entropy while the unfiltered low-variance groups wash out the input dependence.
+COLLAPSE = {"algorithm.use_kl_loss": True, "algorithm.kl_coef": 0.5, "algorithm.entropy_coef": 0.05,
+            "train.actor_lr": 3e-4}
+COLLAPSE_SETTINGS = {name: COLLAPSE | {"filter.enabled": enabled} for name, enabled in SETTINGS.items()}
+STUDIES = ("filter", "correlation", "collapse")
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyConfig:
+  """The `study` config section: which sub-studies run, on which environments, with how many RL seeds.
+
+  `only`: if set, just these setting names (comma-separated) of each selected sub-study.
+  `bootstrap`: resamples of the Spearman intervals.
+  """
+
+  names: str = "filter,correlation,collapse"
+  filter_envs: str = "sokoban,frozenlake"
+  filter_seeds: int = 5
+  correlation_env: str = "sokoban"
+  correlation_seeds: int = 2
+  collapse_env: str = "sokoban"
+  collapse_seeds: int = 3
+  only: str = ""
+  bootstrap: int = 2000
+
+  def __post_init__(self):
+    for name in self.study_names:
+      check_one_of("study.names", name, STUDIES)
+    for key, env in [("filter_envs", e) for e in self.filter_envs.split(",")] + [
+        ("correlation_env", self.correlation_env), ("collapse_env", self.collapse_env)]:
+      check_one_of(f"study.{key}", env, READ_POSITIONS)  # the envs with solver demonstrations
+    for setting in filter(None, self.only.split(",")):
+      check_one_of("study.only", setting, {**FILTER_SETTINGS, **CORRELATION_SETTINGS, **COLLAPSE_SETTINGS})
+    for key in ("filter_seeds", "correlation_seeds", "collapse_seeds", "bootstrap"):
+      check(f"study.{key}", getattr(self, key) >= 1, "must be >= 1", getattr(self, key))
+
+  @property
+  def study_names(self) -> list[str]:
+    return self.names.split(",")
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """One RL run of a sub-study: its file name, environment, setting name, RL seed and config overrides."""
+  name: str
+  env: str
+  setting: str
+  seed: int
+  overrides: dict
+
+
+def _grid(env_names, settings: dict, seeds: int, only: str) -> list[Run]:
+  chosen = set(only.split(",")) if only else set(settings)
+  return [Run(f"{env}-{setting}-s{seed}", env, setting, seed, overrides) for env in env_names
+          for seed in range(seeds) for setting, overrides in settings.items() if setting in chosen]
+
+
+def study_runs(study: StudyConfig, name: str) -> list[Run]:
+  """The runs of sub-study `name`."""
+  if name == "filter":
+    return _grid(study.filter_envs.split(","), FILTER_SETTINGS, study.filter_seeds, study.only)
+  if name == "correlation":
+    return _grid([study.correlation_env], CORRELATION_SETTINGS, study.correlation_seeds, study.only)
+  return _grid([study.collapse_env], COLLAPSE_SETTINGS, study.collapse_seeds, study.only)

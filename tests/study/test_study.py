@@ -1,0 +1,111 @@
+"""`python -m ragen_jax.study`: the grids, a two-iteration study that writes every file, resuming, the summaries."""
+
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+from scipy import stats
+
+from ragen_jax.config import ConfigError, load_config_file
+from ragen_jax.study import runner
+from ragen_jax.study.report import PREDICTORS, collapse_results, collapse_timing, filter_results
+from ragen_jax.study.studies import CORRELATION_SETTINGS, StudyConfig, study_runs
+from ragen_jax.trainer import read_settings
+from tests.demo.test_demo import ROOT, shortened
+
+
+def test_default_grids_are_the_issues_and_valid():
+  config = load_config_file(f"{ROOT}/configs/study.py")
+  study = StudyConfig(**config.study.to_dict())
+  runs = {name: study_runs(study, name) for name in study.study_names}
+  assert {(r.env, r.setting) for r in runs["filter"]} == {(e, s) for e in ("sokoban", "frozenlake")
+                                                          for s in ("no_filter", "snr_filter")}
+  assert len(runs["filter"]) == 20 and len(runs["correlation"]) >= 16
+  varied = {key for r in runs["correlation"] for key in r.overrides}
+  assert {"filter.enabled", "filter.value", "algorithm.entropy_coef", "algorithm.kl_coef", "train.actor_lr"} <= varied
+  assert any("degrades" in s for s in CORRELATION_SETTINGS)
+  assert all(len({r.name for r in rs}) == len(rs) for rs in runs.values())  # a file name per run of a study
+  for run in runs["correlation"] + runs["collapse"]:
+    read_settings(runner.run_config(config, run))
+  with pytest.raises(ConfigError, match="study.names='bogus'"):
+    StudyConfig(names="filter,bogus")
+  with pytest.raises(ConfigError, match="study.only='rho_0.3' is not one of"):
+    StudyConfig(only="snr_filter,rho_0.3")
+
+
+def test_two_iteration_study_writes_every_file_and_resumes(tmp_path, monkeypatch, capsys):
+  config = shortened("study", tmp_path)
+  config.study.update(names="filter", filter_envs="frozenlake", correlation_env="frozenlake",
+                      collapse_env="frozenlake", filter_seeds=1, correlation_seeds=1, collapse_seeds=1,
+                      only="snr_filter", bootstrap=50)
+  config.train.checkpoint_every = 0
+  runner.run_study(config)  # one real two-iteration run
+  assert (tmp_path / "warm_start/frozenlake/sft_model/model.safetensors").is_file()
+  assert (tmp_path / "filter/rl/frozenlake-snr_filter-s0/metrics.jsonl").is_file()
+  record = json.loads((tmp_path / "filter/runs/frozenlake-snr_filter-s0.json").read_text())
+  assert 0.0 <= record["final_val_success"] <= 1.0 and record["final_mi_zscore"] is not None
+  assert record["curves"]["collapse/trajectory/retrieval_accuracy"] and record["minutes"] > 0
+
+  # a restart of every sub-study: the warm start and the finished run are not redone, the other runs are
+  def fake_run(config, run, sft_dir, study_dir):
+    ran.append(f"{study_dir.rsplit('/', 1)[1]}/{run.name}")
+    return record | {"name": run.name, "setting": run.setting, "seed": run.seed,
+                     "final_val_success": len(ran) / 20, "final_mi_zscore": len(ran) % 3, "gain": 0.0}
+
+  def fail(*args):
+    raise AssertionError("the warm start was redone")
+
+  ran = []
+  monkeypatch.setattr(runner, "warm_start", fail)
+  monkeypatch.setattr(runner, "reinforce_run", fake_run)
+  config.study.update(names="filter,correlation,collapse", only="")
+  capsys.readouterr()
+  results = runner.run_study(config)
+  assert ran[0] == "filter/frozenlake-no_filter-s0" and "filter/frozenlake-snr_filter-s0" not in ran
+  assert len(ran) == 1 + len(CORRELATION_SETTINGS) + 2
+  assert f"run {len(ran)}/{len(ran)}: collapse frozenlake-snr_filter-s0, about" in capsys.readouterr().out
+  assert results["correlation"]["summary"]["final_mi_zscore"]["low"] is not None
+  pngs = {"filter": ["curves.png"], "correlation": [f"{key}.png" for _, key, _ in PREDICTORS],
+          "collapse": ["curves.png"]}
+  for name, files in pngs.items():
+    saved = json.loads((tmp_path / name / "results.json").read_text())
+    assert len(saved["runs"]) == len(list((tmp_path / name / "runs").iterdir()))
+    report = (tmp_path / name / "report.md").read_text()
+    for png in files:
+      assert f"]({png})" in report, (name, png)
+      image = np.asarray(Image.open(tmp_path / name / png).convert("L"), np.float32)
+      assert image.shape[0] > 200 and image.std() > 10, (name, png)  # a real picture, not a blank canvas
+  assert results["collapse"]["summary"]["false_alarms"]["healthy_runs"] >= 1 + len(CORRELATION_SETTINGS)
+
+
+def _record(env, setting, seed, final, best, gain, **extra):
+  return {"name": f"{env}-{setting}-s{seed}", "env": env, "setting": setting, "seed": seed, "final_val_success": final,
+          "best_val_success": best, "gain": gain, "gain_se": 0.01, "kept_ratio": 1.0, "iteration_s": 2.0 + seed,
+          "alarm_steps": [], "final_retrieval_chance": 0.1} | extra
+
+
+def test_filter_results_pair_the_seeds():
+  off, on = [0.50, 0.55, 0.52, 0.49], [0.58, 0.56, 0.61, 0.60]
+  records = [_record("sokoban", s, i, f, f + 0.02, f - 0.5) for s, finals in (("no_filter", off), ("snr_filter", on))
+             for i, f in enumerate(finals)]
+  summary, body, _ = filter_results(records + [_record("sokoban", "snr_filter", 9, 0.9, 0.9, 0.4)])  # unpaired
+  paired = summary["sokoban"]["paired"]["final_val_success"]
+  assert paired["n"] == 4 and paired["t_p"] == pytest.approx(stats.ttest_rel(on, off).pvalue)
+  assert paired["wilcoxon_p"] == pytest.approx(stats.wilcoxon(on, off).pvalue)
+  assert summary["sokoban"]["no_filter"]["final_val_success"]["se"] == pytest.approx(stats.sem(off))
+  assert "| sokoban | 9 | - | +0.400 ± 0.010 |" in body
+
+
+def test_collapse_timing_and_false_alarms():
+  mi = [[2, 1.0], [4, 1.4], [6, 1.1], [8, 0.6], [10, 0.3], [12, 0.5]]
+  record = _record("sokoban", "no_filter", 0, 0.3, 0.5, -0.2, alarm_steps=[10, 12], curves={
+      "collapse/trajectory/mi_zscore": mi, "collapse/trajectory/retrieval_accuracy": [[2, 0.8], [12, 0.2]],
+      "update/policy_entropy": [[1, 1.0], [12, 1.05]]})
+  assert collapse_timing(record) == {"first_alarm": 10, "mi_fall_start": 4, "delay": 6}
+  healthy = _record("sokoban", "snr_filter", 0, 0.6, 0.6, 0.0, alarm_steps=[6])
+  degraded = _record("sokoban", "lr", 0, 0.1, 0.6, -0.3, alarm_steps=[4, 6])
+  summary, body, _ = collapse_results([record], [healthy, degraded])
+  assert summary["false_alarms"] == {"healthy_runs": 1, "runs_with_alarm": 1, "alarms": 1}
+  assert summary["runs"][record["name"]]["entropy_change"] == pytest.approx(0.05)
+  assert "| 10 | 4 | 6 | 1.00 → 0.50 | 0.800 → 0.200 (0.100) | +5% |" in body[2]
