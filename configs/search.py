@@ -6,6 +6,8 @@ action each (search[query] or finish[answer]), 5000-token episodes, 16 groups x 
 Without env.params it plays the generated two-hop set over its generated corpus (BM25). A user's data:
 --config.env.params.questions=q.jsonl with --config.env.params.corpus=corpus.jsonl (a local BM25 index, saved
 beside the corpus) or --config.env.params.server_url=http://127.0.0.1:8000 (a Search-R1 retrieval server).
+Passages are cut to 300 words per search; with --config.env.params.tokenizer=/path/to/Qwen2.5-3B-Instruct to
+400 of the policy's tokens (observation_tokens).
 """
 
 from configs import base

@@ -1,6 +1,6 @@
 """Host-side text environments: answers checked in Python on the host.
 
-    env = envs.host.make_text_env("countdown")          # or "math", "code", "search"
+    env = envs.host.make_text_env("countdown")          # or "math", "code", "search", "webshop"
     observation = env.reset(seed=10000, split="train")  # the seed picks the problem
     step = env.step("<think>...</think><answer>2 + 5 - 3</answer>")
     step.reward, step.done, step.success, step.format_ok, step.info
@@ -13,7 +13,8 @@ locally on first use, never downloaded). Code runs the model's program in a
 sandbox (sandbox.py) against the problem's tests; `score_batch` overlaps many
 such steps on a bounded pool. Search QA (search.py) plays several turns of
 `search[query]` over a BM25 index or a retrieval server (retrieval.py), then
-`finish[answer]`, scored by SQuAD F1.
+`finish[answer]`, scored by SQuAD F1. Web shopping (webshop.py) searches a product store, clicks through
+results and options and buys, scored by WebShop's attribute, option and price match.
 """
 
 import inspect
@@ -24,8 +25,9 @@ from envs.host.code_exec import CodeEnv
 from envs.host.countdown import CountdownEnv
 from envs.host.math_qa import MathEnv
 from envs.host.search import SearchEnv
+from envs.host.webshop import WebShopEnv
 
-REGISTRY = {"countdown": CountdownEnv, "math": MathEnv, "code": CodeEnv, "search": SearchEnv}
+REGISTRY = {"countdown": CountdownEnv, "math": MathEnv, "code": CodeEnv, "search": SearchEnv, "webshop": WebShopEnv}
 
 
 def make_text_env(name: str, **config) -> TextEnv:
@@ -56,6 +58,7 @@ __all__ = [
   "SearchEnv",
   "TextEnv",
   "TextStep",
+  "WebShopEnv",
   "extract_answer",
   "make_text_env",
   "option_types",

@@ -84,29 +84,39 @@ class Bm25Retriever:
     return _bm25_retriever(corpus, file_digest(corpus))
 
   def search(self, query: str, k: int) -> list[Passage]:
-    k = min(k, len(self.passages))
-    if not query.strip() or k < 1:
-      return []
-    ids, scores = self._index.retrieve(_tokenize([query]), k=k, show_progress=False, n_threads=1)
-    return [dataclasses.replace(self.passages[i], score=float(s)) for i, s in zip(ids[0], scores[0]) if s > 0]
+    return [dataclasses.replace(self.passages[i], score=s) for i, s in bm25_top(self._index, query, k)]
+
+
+def bm25_index(source: str, digest: str, texts: list[str]):
+  """The bm25s index of `texts` (the documents of the file `source`), loaded from `<source>.bm25s-<digest>` or
+  built and saved there."""
+  import bm25s
+
+  index_dir = f"{source}.bm25s-{digest}"
+  complete = paths.join(index_dir, _INDEX_COMPLETE)
+  if paths.exists(complete):
+    return bm25s.BM25.load(paths.staged(index_dir), show_progress=False)
+  index = bm25s.BM25()
+  index.index(_tokenize(texts), show_progress=False)
+  with paths.writing_dir(index_dir) as local:
+    index.save(local, show_progress=False)
+  paths.write_text(complete, f"{source}\n")  # last: a half-written index is never loaded
+  return index
+
+
+def bm25_top(index, query: str, k: int) -> list[tuple[int, float]]:
+  """(document number, score) of the best `k` documents with a positive score, best first."""
+  k = min(k, index.scores["num_docs"])
+  if not query.strip() or k < 1:
+    return []
+  ids, scores = index.retrieve(_tokenize([query]), k=k, show_progress=False, n_threads=1)
+  return [(int(i), float(s)) for i, s in zip(ids[0], scores[0]) if s > 0]
 
 
 @functools.cache
 def _bm25_retriever(corpus: str, digest: str) -> Bm25Retriever:
-  import bm25s
-
   passages = load_corpus(corpus)
-  index_dir = f"{corpus}.bm25s-{digest}"
-  complete = paths.join(index_dir, _INDEX_COMPLETE)
-  if paths.exists(complete):
-    index = bm25s.BM25.load(paths.staged(index_dir), show_progress=False)
-  else:
-    index = bm25s.BM25()
-    index.index(_tokenize([f"{p.title}\n{p.text}" for p in passages]), show_progress=False)
-    with paths.writing_dir(index_dir) as local:
-      index.save(local, show_progress=False)
-    paths.write_text(complete, f"{corpus}\n")  # last: a half-written index is never loaded
-  return Bm25Retriever(passages, index)
+  return Bm25Retriever(passages, bm25_index(corpus, digest, [f"{p.title}\n{p.text}" for p in passages]))
 
 
 class HttpRetriever:

@@ -1,7 +1,8 @@
 """Search QA: several turns of `search[query]`, then `finish[answer]`, scored by F1 or exact match.
 
 Each turn's answer block holds one action: `search[query]` shows the top-k passages for the query (title and
-text, cut to `observation_words` whitespace-separated words in all), `finish[answer]` ends the episode with
+text, cut to `observation_tokens` tokens of the policy's tokenizer in all, or without a tokenizer to
+`observation_words` whitespace-separated words), `finish[answer]` ends the episode with
 reward SQuAD-F1 (or exact match, `reward="em"`) of the answer against the best gold answer, after SQuAD's
 normalisation (lower case, no punctuation, no articles, single spaces); success is an exact match. Anything
 else in the block (another action, two actions, an empty query or answer, text around the action) is a format
@@ -54,7 +55,9 @@ class SearchOptions:
   corpus: str = ""  # JSONL corpus for BM25 ("" with the generated set: its corpus)
   server_url: str = ""  # a Search-R1 style retrieval server instead of BM25
   top_k: int = 3
-  observation_words: int = 300  # budget of one search observation, in whitespace-separated words
+  observation_words: int = 300  # budget of one search observation, in whitespace-separated words ...
+  tokenizer: str = ""  # ... or, given a tokenizer (a directory with tokenizer.json, or the file), in its tokens:
+  observation_tokens: int = 400
   reward: str = "f1"  # "f1" or "em"
   max_turns: int = 5
   request_timeout: float = 10.0  # seconds per server request
@@ -99,15 +102,37 @@ def f1_score(prediction: str, gold: str) -> float:
   return 2 * precision * recall / (precision + recall)
 
 
-def render_passages(query: str, passages: list[Passage], words: int) -> str:
-  """The observation of a search: numbered passages, each cut to an equal share of `words`."""
+def cut_words(text: str, budget: int) -> str:
+  """`text` cut to its first `budget` whitespace-separated words ("..." marks a cut)."""
+  words = text.split()
+  return " ".join(words[:budget]) + (" ..." if len(words) > budget else "")
+
+
+@functools.cache
+def token_cutter(tokenizer: str):
+  """A `cut(text, budget)` keeping the first `budget` tokens of the tokenizer at `tokenizer` (a directory with
+  tokenizer.json, or the file; local or `gs://`): the text up to the end of the last kept token. Cached."""
+  from tokenizers import Tokenizer
+
+  path = tokenizer if tokenizer.endswith(".json") else paths.join(tokenizer, "tokenizer.json")
+  if not paths.exists(path):
+    raise FileNotFoundError(f"search env tokenizer not found: {path}")
+  encoder = Tokenizer.from_str(paths.read_text(path))
+
+  def cut(text: str, budget: int) -> str:
+    offsets = encoder.encode(text, add_special_tokens=False).offsets
+    return text if len(offsets) <= budget else text[: offsets[budget - 1][1]] + " ..."
+
+  return cut
+
+
+def render_passages(query: str, passages: list[Passage], budget: int, cut=cut_words) -> str:
+  """The observation of a search: numbered passages, each cut (`cut(text, share)`) to an equal share of `budget`
+  (words, or tokens with a `token_cutter`)."""
   if not passages:
     return f"No passages found for {query!r}.\n{ACTIONS}"
-  share = max(1, words // len(passages))
-  blocks = []
-  for rank, passage in enumerate(passages, 1):
-    body = f"{passage.title}: {passage.text}".split()
-    blocks.append(f"[{rank}] " + " ".join(body[:share]) + (" ..." if len(body) > share else ""))
+  share = max(1, budget // len(passages))
+  blocks = [f"[{rank}] " + cut(f"{passage.title}: {passage.text}", share) for rank, passage in enumerate(passages, 1)]
   return f"Results for {query!r}:\n" + "\n".join(blocks) + f"\n{ACTIONS}"
 
 
@@ -179,8 +204,10 @@ class SearchEnv:
     self.options = o = SearchOptions(**options)
     if o.reward not in ("f1", "em"):
       raise ValueError(f"reward must be 'f1' or 'em', got {o.reward!r}")
-    if o.max_turns < 1 or o.top_k < 1 or o.observation_words < 1 or not 0.0 <= o.validation_fraction < 1.0:
-      raise ValueError("search env needs max_turns, top_k, observation_words >= 1 and validation_fraction in [0, 1)")
+    if (min(o.max_turns, o.top_k, o.observation_words, o.observation_tokens) < 1
+        or not 0.0 <= o.validation_fraction < 1.0):
+      raise ValueError("search env needs max_turns, top_k, observation_words, observation_tokens >= 1 and "
+                       "validation_fraction in [0, 1)")
     questions, corpus = o.questions, o.corpus
     if not questions:
       if corpus or o.validation_questions or o.server_url:
@@ -195,6 +222,8 @@ class SearchEnv:
                           o.validation_fraction, digest)
     self.retriever = (_server(o.server_url, o.request_timeout, o.request_retries) if o.server_url
                       else Bm25Retriever.for_corpus(corpus))
+    self._cut, self._budget = ((token_cutter(o.tokenizer), o.observation_tokens) if o.tokenizer
+                               else (cut_words, o.observation_words))
     self.max_turns = o.max_turns
     self._question: dict | None = None
     self._observation, self._turn, self._done = "", 0, False
@@ -228,8 +257,8 @@ class SearchEnv:
       self._done = True
       return TextStep("", 0.0, True, False, True, info)
     try:
-      observation = render_passages(argument, self.retriever.search(argument, self.options.top_k),
-                                    self.options.observation_words)
+      observation = render_passages(argument, self.retriever.search(argument, self.options.top_k), self._budget,
+                                    self._cut)
     except RetrievalError as error:
       observation, info = f"Search failed: {error}\n{ACTIONS}", {**info, "search_error": str(error)}
     self._observation = observation

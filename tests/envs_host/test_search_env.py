@@ -128,6 +128,29 @@ def test_episode_rules(data_dir):
   assert em.step(_act(f"finish[{gold} city]")).reward == 0.0
 
 
+def test_observation_budget_in_words_or_the_policys_tokens(data_dir):
+  from tokenizers import Tokenizer
+
+  from ragen_jax.models.gguf_convert import bundled_tokenizer_dir
+
+  query = _env(data_dir).questions()[0]["question"]
+  words = _env(data_dir, observation_words=12)
+  words.reset(0)
+  blocks = words.step(_act(f"search[{query}]")).observation.splitlines()[1:-1]
+  assert len(blocks) == 3 and all(len(b.split()) <= 1 + 4 + 1 for b in blocks)  # "[r]", 4 words, "..."
+  tokenizer_dir = str(bundled_tokenizer_dir())
+  tokens = _env(data_dir, tokenizer=tokenizer_dir, observation_tokens=30)
+  tokens.reset(0)
+  encoder = Tokenizer.from_file(os.path.join(tokenizer_dir, "tokenizer.json"))
+  passages = {f"{p.title}: {p.text}" for p in tokens.retriever.search(query, 3)}
+  for block in tokens.step(_act(f"search[{query}]")).observation.splitlines()[1:-1]:
+    kept = block.split("] ", 1)[1].removesuffix(" ...")
+    assert len(encoder.encode(kept, add_special_tokens=False).ids) == 10  # its share of 30 tokens
+    assert any(p.startswith(kept) and len(p) > len(kept) for p in passages)
+  with pytest.raises(FileNotFoundError, match="tokenizer not found"):
+    _env(data_dir, tokenizer=str(data_dir))
+
+
 @FUZZ
 @given(text=st.text(max_size=120) | st.builds(lambda k, a: f"{k}[{a}]", st.sampled_from(["search", "finish", "Finish"]),
                                               st.text(max_size=40)))
