@@ -23,7 +23,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import envs  # noqa: E402
-from bench.common import matmul_peak_flops, report, timed  # noqa: E402
+from bench.common import report, timed  # noqa: E402
+from bench.limits import measure  # noqa: E402
 from ragen_jax import mesh as mesh_lib  # noqa: E402
 from ragen_jax.models import Model, init_params  # noqa: E402
 from ragen_jax.models.scratch import scratch_config  # noqa: E402
@@ -110,8 +111,7 @@ def iteration_split(model, tokenizer, args):
   # 2 per parameter per token forward (scoring), 6 forward + backward (update).
   n_params = sum(x.size for x in jax.tree.leaves(model.params))
   slots = args.batch * trainer.exp.source.seq_len
-  peak = matmul_peak_flops()
-  report("jitted f32 matmul peak", peak / 1e9, "GFLOP/s")
+  peak = measure().f32_flops
   report("scoring (forward, 2 FLOPs/param/token)", 2 * n_params * slots / metrics["time/scoring_s"] / 1e9, "GFLOP/s",
          "matmul peak", peak / 1e9)
   report("update step (6 FLOPs/param/token)", 6 * n_params * slots / metrics["time/update_s"] / 1e9, "GFLOP/s",

@@ -3,7 +3,9 @@
   .venv/bin/python bench/sampler.py [--batches 16,64] [--new-tokens 128] [--lora-rank 64]
 
 Both sides decode exactly `new-tokens` tokens per row (EOS disabled) from the same
-weights and chat prompts; also prints the jitted f32 matmul roofline of this machine.
+weights and chat prompts, against this machine's decode roofline (`bench/limits.py`): per step the larger of
+reading the f32 weights and the KV cache at the mean context over the measured bandwidth, and the step's FLOPs
+(2 per parameter per row, attention over the cache included) over the f32 matmul peak.
 With LoRA adapters (rank `--lora-rank` on every projection), the sampler either applies them in the forward or
 decodes with the weights merged first (`models.lora.merge`, counted once per batch as a training iteration would):
 both as tok/s against the plain model in the same run.
@@ -22,7 +24,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bench.common import matmul_peak_flops, report, timed  # noqa: E402
+from bench.common import report, timed  # noqa: E402
+from bench.limits import measure  # noqa: E402
 from ragen_jax.models import Model, bundled_model_dir, load_pretrained, lora  # noqa: E402
 from ragen_jax.models.model import adapter_params  # noqa: E402
 from ragen_jax.sampling import SamplingRule, SamplingSession  # noqa: E402
@@ -82,6 +85,15 @@ def hf_tokens_per_second(hf_model, prompts, new_tokens: int, pad_id: int) -> flo
   return len(prompts) * new_tokens / seconds
 
 
+def decode_roofline(config, n_params: int, limits, batch: int, context: float) -> tuple[float, str]:
+  """(tok/s, what binds) of f32 decode at `batch` rows with `context` cached tokens each: a step reads the weights
+  once and every row's K and V, and does 2 FLOPs per parameter and 4 per head dimension per cached token a row."""
+  kv_bytes = batch * context * config.num_layers * 2 * config.num_kv_heads * config.head_dim * 4
+  attention_flops = batch * context * config.num_layers * 4 * config.num_heads * config.head_dim
+  seconds, bound = limits.decode_step(4 * n_params + kv_bytes, 2 * n_params * batch + attention_flops)
+  return batch / seconds, bound
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__)
   parser.add_argument("--batches", default="16,64")
@@ -99,13 +111,14 @@ def main():
   model = dataclasses.replace(model, config=dataclasses.replace(model.config, eos_token_ids=()))
   hf_model = None if args.skip_hf else transformers.AutoModelForCausalLM.from_pretrained(path).eval()
   n_params = sum(x.size for x in jax.tree.leaves(model.params))
-  peak = matmul_peak_flops()
-  roofline = peak / (2 * n_params)
-  print(f"SmolLM2-135M ({n_params / 1e6:.1f}M params), {jax.device_count()} device(s), {os.cpu_count()} cores")
-  report("jitted f32 matmul peak", peak / 1e9, "GFLOP/s")
-  report("roofline decode (2 FLOPs/param/token)", roofline, "tok/s")
+  print(f"SmolLM2-135M ({n_params / 1e6:.1f}M params), {jax.device_count()} device(s), {os.cpu_count()} cores, "
+        f"load average {os.getloadavg()[0]:.2f}")
+  limits = measure()
   for batch in map(int, args.batches.split(",")):
     prompts = chat_prompts(tokenizer, batch)
+    roofline, bound = decode_roofline(model.config, n_params, limits, batch,
+                                      sum(map(len, prompts)) / batch + args.new_tokens / 2)
+    report(f"decode roofline, batch {batch} ({bound}-bound)", roofline, "tok/s")
     ours = ours_tokens_per_second(model, prompts, args.new_tokens)
     if hf_model is not None:
       hf = hf_tokens_per_second(hf_model, prompts, args.new_tokens, tokenizer.pad_token_id or 0)

@@ -15,6 +15,7 @@ import time
 import numpy as np
 
 from ragen_jax import paths
+from ragen_jax.config import ConfigError
 from ragen_jax.demo.stages import log, reinforce, warm_start
 from ragen_jax.report.comparison import run_summary
 from ragen_jax.report.writer import read_metrics
@@ -38,18 +39,33 @@ def run_config(config, run: Run):
   return rl_config
 
 
+def warm_start_settings(config) -> dict:
+  """What a warm start depends on, flat: the seed, the `demo` section (SFT) and the `rollout` section (layout)."""
+  return json.loads(json.dumps({"seed": config.seed} | {f"{section}.{key}": value for section in ("demo", "rollout")
+                                                        for key, value in config[section].to_dict().items()}))
+
+
 def shared_warm_start(config, env: str) -> str:
-  """The SFT model dir of `env`'s warm start: trained once, reused by every run and every restart."""
+  """The SFT model dir of `env`'s warm start: trained once, reused by every run and every restart made with the
+  same `warm_start_settings` (others are a ConfigError naming a difference)."""
   workdir = paths.join(config.workdir, "warm_start", env)
   done = paths.join(workdir, WARM_START_FILE)
+  settings = warm_start_settings(config)
   if paths.exists(done):
+    saved = json.loads(paths.read_text(done)).get("settings", {})
+    changed = sorted(key for key in settings.keys() | saved.keys() if settings.get(key) != saved.get(key))
+    if changed:
+      key = changed[0]
+      raise ConfigError(f"the warm start in {workdir} was made with other settings ({len(changed)} differ, e.g. "
+                        f"{key} {saved.get(key)!r} now {settings.get(key)!r}); use another workdir or remove it")
     log(f"{env}: reusing the warm start in {workdir}")
     return paths.join(workdir, "sft_model")
   ws_config = copy.deepcopy(config)
   ws_config.workdir = workdir
   clock = time.time()
   sft_dir, _, demo_success = warm_start(ws_config, [env])
-  paths.write_text(done, json.dumps({"demo_success": demo_success[env], "minutes": (time.time() - clock) / 60}))
+  paths.write_text(done, json.dumps({"demo_success": demo_success[env], "minutes": (time.time() - clock) / 60,
+                                     "settings": settings}))
   return sft_dir
 
 

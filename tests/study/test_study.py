@@ -46,6 +46,10 @@ def test_two_iteration_study_writes_every_file_and_resumes(tmp_path, monkeypatch
   record = json.loads((tmp_path / "filter/runs/frozenlake-snr_filter-s0.json").read_text())
   assert 0.0 <= record["final_val_success"] <= 1.0 and record["final_mi_zscore"] is not None
   assert record["curves"]["collapse/trajectory/retrieval_accuracy"] and record["minutes"] > 0
+  changed = config.copy_and_resolve_references()
+  changed.demo.sft_steps += 1
+  with pytest.raises(ConfigError, match=r"other settings \(1 differ, e.g. demo.sft_steps \d+ now \d+\)"):
+    runner.shared_warm_start(changed, "frozenlake")
 
   # a restart of every sub-study: the warm start and the finished run are not redone, the other runs are
   def fake_run(config, run, sft_dir, study_dir):
