@@ -16,6 +16,7 @@ import envs
 from ragen_jax import config as config_lib
 from ragen_jax import mesh as mesh_lib
 from ragen_jax import paths
+from ragen_jax.assembly import build_mesh, load_model
 from ragen_jax.demo.demonstrations import corpus, format_rows, plan_and_reason, reading_rates, solver_policy
 from ragen_jax.models import init_params
 from ragen_jax.models.hf_io import export_hf
@@ -101,22 +102,25 @@ def check_settings(config, env_names):
     read_settings(rl_config)
 
 
-def warm_start(config, env_names):
-  """Tokenizer and SFT on solver demonstrations of `env_names`; returns (SFT model dir, tokenizer, demo success)."""
-  total_steps = config.demo.copy_steps + config.demo.reading_steps + config.demo.sft_steps
-  schedule = lr_schedule(config.demo.sft_lr, total_steps, config.demo.sft_warmup_steps,
-                         config.demo.sft_decay_steps)  # bad SFT settings fail before any work
+def sft_schedule(config, env_names, kind: str = "demo"):
+  """The SFT learning rates of a warm start of `kind` ("demo": the format stages, then the demonstrations;
+  "pretrained": the demonstrations only) on `env_names`; ConfigError for settings that cannot work."""
+  steps = config.demo.sft_steps + (config.demo.copy_steps + config.demo.reading_steps if kind == "demo" else 0)
+  try:
+    schedule = lr_schedule(config.demo.sft_lr, steps, config.demo.sft_warmup_steps, config.demo.sft_decay_steps)
+  except ValueError as error:
+    raise config_lib.ConfigError(f"demo.sft_warmup_steps, demo.sft_decay_steps: {error}") from error
   for name in env_names:
     env, params = envs.make(name)
     if config.demo.habit_move not in env.action_names(params):
       raise config_lib.ConfigError(f"demo.habit_move {config.demo.habit_move!r} is not a {name} action "
                                    f"({', '.join(env.action_names(params))})")
-  paths.makedirs(config.workdir)
-  log(f"training a tokenizer on {', '.join(env_names)} text")
-  tokenizer = build_tokenizer(config, env_names, paths.join(config.workdir, "tokenizer"))
-  model_config = scratch_config(tokenizer, hidden_size=config.demo.hidden_size, num_layers=config.demo.num_layers,
-                                num_heads=config.demo.num_heads, num_kv_heads=config.demo.num_kv_heads)
-  params = init_params(model_config, jax.random.key(config.seed))
+  return schedule
+
+
+def _demonstration_sft(config, env_names, model_config, params, tokenizer, schedule, first_stages, first_what: str):
+  """SFT of `params` on `first_stages`, then on solver demonstrations of `env_names`; exports the model with
+  `tokenizer` to `<workdir>/sft_model`. Returns (that dir, demo success per env)."""
   n_params = sum(x.size for x in jax.tree.leaves(params))
   examples, demo_success = [], {}
   for name in env_names:
@@ -124,18 +128,46 @@ def warm_start(config, env_names):
     examples += env_examples
     log(f"{len(env_examples)} {name} demonstrations (solver with mistakes solves {demo_success[name]:.0%})")
   seq_len = -(-max(len(ids) for ids, _ in examples) // 64) * 64
-  log(f"SFT of a {n_params / 1e6:.2f}M-parameter model: {config.demo.copy_steps} + {config.demo.reading_steps} "
-      f"steps on replies with random moves (answers repeat them; positions read off the observation), then "
-      f"{config.demo.sft_steps} on the demonstrations (sequences up to {seq_len} tokens)")
+  log(f"SFT of a {n_params / 1e6:.2f}M-parameter model: {first_what}{config.demo.sft_steps} steps on the "
+      f"demonstrations (sequences up to {seq_len} tokens)")
   losses = []
-  stages = format_stages(config, env_names, tokenizer) + [(examples, seq_len, config.demo.sft_steps)]
-  params, _ = fit(model_config, params, stages, batch_size=config.demo.sft_batch_size, schedule=schedule,
-                  seed=config.seed, length_bucket=config.demo.sft_length_bucket,
+  params, _ = fit(model_config, params, first_stages + [(examples, seq_len, config.demo.sft_steps)],
+                  batch_size=config.demo.sft_batch_size, schedule=schedule, seed=config.seed,
+                  length_bucket=config.demo.sft_length_bucket,
                   on_step=lambda step, loss: losses.append(loss) if step % 25 == 24 else None,
                   progress=config.logging.progress_bar)
   log("SFT loss every 25 steps: " + ", ".join(f"{float(x):.3f}" for x in losses))
   sft_dir = paths.join(config.workdir, "sft_model")
   export_hf(params, model_config, sft_dir, tokenizer)
+  return sft_dir, demo_success
+
+
+def warm_start(config, env_names):
+  """Tokenizer and SFT on solver demonstrations of `env_names`; returns (SFT model dir, tokenizer, demo success)."""
+  schedule = sft_schedule(config, env_names)  # bad SFT settings fail before any work
+  paths.makedirs(config.workdir)
+  log(f"training a tokenizer on {', '.join(env_names)} text")
+  tokenizer = build_tokenizer(config, env_names, paths.join(config.workdir, "tokenizer"))
+  model_config = scratch_config(tokenizer, hidden_size=config.demo.hidden_size, num_layers=config.demo.num_layers,
+                                num_heads=config.demo.num_heads, num_kv_heads=config.demo.num_kv_heads)
+  params = init_params(model_config, jax.random.key(config.seed))
+  sft_dir, demo_success = _demonstration_sft(
+      config, env_names, model_config, params, tokenizer, schedule, format_stages(config, env_names, tokenizer),
+      f"{config.demo.copy_steps} + {config.demo.reading_steps} steps on replies with random moves (answers repeat "
+      f"them; positions read off the observation), then ")
+  return sft_dir, tokenizer, demo_success
+
+
+def pretrained_warm_start(config, env_names):
+  """A format warm start of the pretrained `model.path` ("" the bundled SmolLM2-135M-Instruct) with its own
+  tokenizer and chat template: SFT on solver demonstrations of `env_names` only. Returns (SFT model dir,
+  tokenizer, demo success)."""
+  schedule = sft_schedule(config, env_names, "pretrained")
+  paths.makedirs(config.workdir)
+  model, tokenizer = load_model(config.model.path, build_mesh(config))
+  log(f"format warm start of {config.model.path or 'the bundled SmolLM2-135M-Instruct'}")
+  sft_dir, demo_success = _demonstration_sft(config, env_names, model.config, model.params, tokenizer, schedule,
+                                             [], "")
   return sft_dir, tokenizer, demo_success
 
 

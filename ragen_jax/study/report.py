@@ -134,6 +134,25 @@ def collapse_results(records: list[dict], others: list[dict]) -> tuple[dict, lis
       ("curves.png", "validation success, MI z-score, entropy, kept ratio and retrieval accuracy over iterations")]
 
 
+def pretrained_results(records: list[dict]) -> tuple[dict, list[str], list]:
+  """Per run: success after the format warm start and after RL, the paired gain in standard errors, and the MI
+  diagnostics of the model's reasoning first → last."""
+  runs, lines = {}, ["| run | after SFT | after RL | peak | gain over warm start | gain / s.e. | MI z-score | "
+                     "retrieval accuracy (chance) | minutes |", "|---" * 9 + "|"]
+  for r in records:
+    (z0, z1), (a0, a1) = (_first_last(r, key) for key in (MI_KEY, RETRIEVAL_KEY))
+    ratio = r["gain"] / r["gain_se"] if r["gain_se"] else None
+    runs[r["name"]] = {"gain_in_se": ratio, "learned": ratio is not None and ratio > HEALTHY_SE}
+    lines.append(f"| {r['name']} | {r['sft_val_success']:.3f} | {r['final_val_success']:.3f} | "
+                 f"{r['best_val_success']:.3f} | {r['gain']:+.3f} ± {r['gain_se']:.3f} | {_num(ratio, 1, '+')} | "
+                 f"{_num(z0, 2)} → {_num(z1, 2)} | {_num(a0)} → {_num(a1)} ({_num(r['final_retrieval_chance'])}) | "
+                 f"{r['minutes']:.0f} |")
+  lines += ["", f"Learned: success after RL above the warm start by more than {HEALTHY_SE:g} standard errors of the "
+            "paired per-seed change over the fixed validation seeds."]
+  return {"runs": runs}, lines, [("curves.png", "validation success, MI z-score, entropy, kept ratio and retrieval "
+                                                "accuracy over iterations")]
+
+
 def plot_scatter(path: str, records: list[dict], label: str, key: str, result: dict) -> str:
   """Final success against one predictor, a colour per setting."""
   fig, ax = plt.subplots(figsize=(6, 4.5))
@@ -173,7 +192,8 @@ def write_study(workdir: str, name: str, study, records: list[dict], seed: int) 
     for label, key, _ in PREDICTORS:
       plot_scatter(paths.join(study_dir, f"{key}.png"), records, label, key, summary[key])
   else:
-    summary, body, plots = collapse_results(records, finished_records(workdir, ("filter", "correlation")))
+    summary, body, plots = (pretrained_results(records) if name == "pretrained" else
+                            collapse_results(records, finished_records(workdir, ("filter", "correlation"))))
     plot_curves(paths.join(study_dir, "curves.png"), records, env_names, STUDY_CURVES)
   results = {"study": name, "summary": summary, "runs": records}
   paths.write_text(paths.join(study_dir, "results.json"), json.dumps(results, indent=2))

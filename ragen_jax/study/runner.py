@@ -1,6 +1,7 @@
 """The study's work: one warm start per environment, then the runs of each selected sub-study, then its report.
 
-Layout under `workdir`: `warm_start/<env>/` (tokenizer, SFT model, `warm_start.json` once complete),
+Layout under `workdir`: `warm_start/<env>/` (tokenizer, SFT model, `warm_start.json` once complete; the
+pretrained sub-study's in `warm_start/<env>-pretrained/`),
 `<study>/rl/<run>/` (each run's RL directory), `<study>/runs/<run>.json` (its summary, written when it
 finishes: a restarted study skips the runs that have one, and starts an unfinished run again) and the
 sub-study's report files (`study.report`).
@@ -16,7 +17,7 @@ import numpy as np
 
 from ragen_jax import paths
 from ragen_jax.config import ConfigError
-from ragen_jax.demo.stages import log, reinforce, warm_start
+from ragen_jax.demo.stages import log, pretrained_warm_start, reinforce, sft_schedule, warm_start
 from ragen_jax.report.comparison import run_summary
 from ragen_jax.report.writer import read_metrics
 from ragen_jax.study.report import STUDY_CURVES, write_study
@@ -40,15 +41,26 @@ def run_config(config, run: Run):
 
 
 def warm_start_settings(config) -> dict:
-  """What a warm start depends on, flat: the seed, the `demo` section (SFT) and the `rollout` section (layout)."""
-  return json.loads(json.dumps({"seed": config.seed} | {f"{section}.{key}": value for section in ("demo", "rollout")
-                                                        for key, value in config[section].to_dict().items()}))
+  """What a warm start depends on, flat: the seed, the model path (of a pretrained warm start), the `demo` section
+  (SFT) and the `rollout` section (layout)."""
+  sections = {f"{section}.{key}": value for section in ("demo", "rollout")
+              for key, value in config[section].to_dict().items()}
+  return json.loads(json.dumps({"seed": config.seed, "model.path": config.model.path} | sections))
 
 
-def shared_warm_start(config, env: str) -> str:
-  """The SFT model dir of `env`'s warm start: trained once, reused by every run and every restart made with the
-  same `warm_start_settings` (others are a ConfigError naming a difference)."""
-  workdir = paths.join(config.workdir, "warm_start", env)
+def warm_start_config(config, run: Run):
+  """The config of `run`'s warm start: for a pretrained one, the study's config with the run's overrides (the
+  same for every seed); for the demo's, the study's config."""
+  ws_config = copy.deepcopy(config)
+  if run.warm_start == "pretrained":
+    ws_config.update_from_flattened_dict(run.overrides)
+  return ws_config
+
+
+def shared_warm_start(config, env: str, kind: str = "demo") -> str:
+  """The SFT model dir of `env`'s warm start of `kind` (`Run.warm_start`): trained once, reused by every run and
+  every restart made with the same `warm_start_settings` (others are a ConfigError naming a difference)."""
+  workdir = paths.join(config.workdir, "warm_start", env if kind == "demo" else f"{env}-{kind}")
   done = paths.join(workdir, WARM_START_FILE)
   settings = warm_start_settings(config)
   if paths.exists(done):
@@ -63,7 +75,7 @@ def shared_warm_start(config, env: str) -> str:
   ws_config = copy.deepcopy(config)
   ws_config.workdir = workdir
   clock = time.time()
-  sft_dir, _, demo_success = warm_start(ws_config, [env])
+  sft_dir, _, demo_success = (warm_start if kind == "demo" else pretrained_warm_start)(ws_config, [env])
   paths.write_text(done, json.dumps({"demo_success": demo_success[env], "minutes": (time.time() - clock) / 60,
                                      "settings": settings}))
   return sft_dir
@@ -99,10 +111,12 @@ def run_study(config) -> dict:
   for runs in plans.values():
     for run in runs:
       read_settings(run_config(config, run))
+      sft_schedule(warm_start_config(config, run), [run.env], run.warm_start)
   dirs = {name: paths.join(config.workdir, name) for name in plans}
   todo = [(name, run) for name, runs in plans.items() for run in runs if not paths.exists(record_path(dirs[name], run))]
   log(f"studies {', '.join(plans)}: {sum(map(len, plans.values()))} runs, {len(todo)} still to run")
-  warm = {env: shared_warm_start(config, env) for env in dict.fromkeys(run.env for _, run in todo)}
+  firsts = {(run.env, run.warm_start): run for _, run in todo}  # one warm start per environment and kind
+  warm = {key: shared_warm_start(warm_start_config(config, run), *key) for key, run in firsts.items()}
   # the time left: the mean time of the runs finished so far, this time or before, per run still to run
   minutes = [json.loads(paths.read_text(record_path(dirs[name], run)))["minutes"] for name, runs in plans.items()
              for run in runs if (name, run) not in todo]
@@ -113,7 +127,7 @@ def run_study(config) -> dict:
         continue
       eta = f", about {np.mean(minutes) * (len(todo) - done):.0f} min left" if minutes else ""
       log(f"run {done + 1}/{len(todo)}: {name} {run.name}{eta}")
-      record = reinforce_run(config, run, warm[run.env], dirs[name])
+      record = reinforce_run(config, run, warm[run.env, run.warm_start], dirs[name])
       paths.write_text(record_path(dirs[name], run), json.dumps(record, indent=2))
       minutes.append(record["minutes"])
       done += 1

@@ -24,17 +24,30 @@ CORRELATION_SETTINGS = {
     "lr_3e-4": {"train.actor_lr": 3e-4},
     "lr_3e-3_degrades": {"train.actor_lr": 3e-3, "filter.enabled": False},
 }
-# A first guess, to be tuned when the study is run: a strong KL term towards the warm start and a strong
-# entropy bonus hold the entropy while the unfiltered low-variance groups wash out the input dependence.
-COLLAPSE = {"algorithm.use_kl_loss": True, "algorithm.kl_coef": 0.5, "algorithm.entropy_coef": 0.05,
-            "train.actor_lr": 3e-4}
+# Template collapse at demo scale: the demo's RL at 3x its learning rate. In docs/results.md (2026-12-03) RL at
+# actor lr 3e-4 unlearned the warm start's reading (reasoning that names the observed positions fell from 100% to
+# 27% of turns) while success stayed flat. A first try here, a KL loss of 0.5 with an entropy bonus of 0.05 at the
+# same rate, did not collapse: the KL term held the policy at its input-dependent warm start, and the bonus
+# doubled the entropy.
+COLLAPSE = {"train.actor_lr": 3e-4}
 COLLAPSE_SETTINGS = {name: COLLAPSE | {"filter.enabled": enabled} for name, enabled in SETTINGS.items()}
-STUDIES = ("filter", "correlation", "collapse")
+# Sub-study 4, a real pretrained model (`study.pretrained_model`, "" the bundled SmolLM2-135M-Instruct) with its
+# own tokenizer and chat template: a short SFT on solver demonstrations (format only: no tokenizer training, no
+# format stages), then GRPO with the filter. Sized for about 45 min on a 2-core CPU, where one SFT step of
+# 4 x 448 tokens of SmolLM2 takes 27-42 s beside another job.
+PRETRAINED = {"demo.sft_episodes": 128, "demo.sft_steps": 40, "demo.sft_batch_size": 4, "demo.sft_lr": 1e-5,
+              "demo.sft_warmup_steps": 4, "demo.sft_decay_steps": 16, "rollout.max_new_tokens": 64,
+              "train.actor_lr": 1e-6, "train.env_groups": 2, "train.group_size": 8, "train.mini_batch_size": 16,
+              "train.micro_batch_size": 4, "train.iterations": 8, "train.val_every": 4, "train.val_episodes": 64,
+              "filter.enabled": True}
+PRETRAINED_SETTING = "pretrained_snr_filter"
+STUDIES = ("filter", "correlation", "collapse", "pretrained")
 
 
 @dataclasses.dataclass(frozen=True)
 class StudyConfig:
-  """The `study` config section: which sub-studies run, on which environments, with how many RL seeds.
+  """The `study` config section: which sub-studies run (`STUDIES`; by default all but "pretrained"), on which
+  environments, with how many RL seeds; `pretrained_model`: the checkpoint of the pretrained sub-study.
 
   `only`: if set, just these setting names (comma-separated) of each selected sub-study.
   `bootstrap`: resamples of the Spearman intervals.
@@ -47,6 +60,9 @@ class StudyConfig:
   correlation_seeds: int = 2
   collapse_env: str = "sokoban"
   collapse_seeds: int = 3
+  pretrained_env: str = "frozenlake"
+  pretrained_model: str = ""  # an HF directory; "" the bundled SmolLM2-135M-Instruct
+  pretrained_seeds: int = 1
   only: str = ""
   bootstrap: int = 2000
 
@@ -54,11 +70,13 @@ class StudyConfig:
     for name in self.study_names:
       check_one_of("study.names", name, STUDIES)
     for key, env in [("filter_envs", e) for e in self.filter_envs.split(",")] + [
-        ("correlation_env", self.correlation_env), ("collapse_env", self.collapse_env)]:
+        ("correlation_env", self.correlation_env), ("collapse_env", self.collapse_env),
+        ("pretrained_env", self.pretrained_env)]:
       check_one_of(f"study.{key}", env, READ_POSITIONS)  # the envs with solver demonstrations
     for setting in filter(None, self.only.split(",")):
-      check_one_of("study.only", setting, {**FILTER_SETTINGS, **CORRELATION_SETTINGS, **COLLAPSE_SETTINGS})
-    for key in ("filter_seeds", "correlation_seeds", "collapse_seeds", "bootstrap"):
+      check_one_of("study.only", setting,
+                   {**FILTER_SETTINGS, **CORRELATION_SETTINGS, **COLLAPSE_SETTINGS, PRETRAINED_SETTING: PRETRAINED})
+    for key in ("filter_seeds", "correlation_seeds", "collapse_seeds", "pretrained_seeds", "bootstrap"):
       check(f"study.{key}", getattr(self, key) >= 1, "must be >= 1", getattr(self, key))
 
   @property
@@ -68,17 +86,19 @@ class StudyConfig:
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-  """One RL run of a sub-study: its file name, environment, setting name, RL seed and config overrides."""
+  """One RL run of a sub-study: its file name, environment, setting name, RL seed and config overrides, and the
+  warm start it starts from: "demo" (the demo's scratch model) or "pretrained" (`model.path` fine-tuned)."""
   name: str
   env: str
   setting: str
   seed: int
   overrides: dict
+  warm_start: str = "demo"
 
 
-def _grid(env_names, settings: dict, seeds: int, only: str) -> list[Run]:
+def _grid(env_names, settings: dict, seeds: int, only: str, warm_start: str = "demo") -> list[Run]:
   chosen = set(only.split(",")) if only else set(settings)
-  return [Run(f"{env}-{setting}-s{seed}", env, setting, seed, overrides) for env in env_names
+  return [Run(f"{env}-{setting}-s{seed}", env, setting, seed, overrides, warm_start) for env in env_names
           for seed in range(seeds) for setting, overrides in settings.items() if setting in chosen]
 
 
@@ -88,4 +108,7 @@ def study_runs(study: StudyConfig, name: str) -> list[Run]:
     return _grid(study.filter_envs.split(","), FILTER_SETTINGS, study.filter_seeds, study.only)
   if name == "correlation":
     return _grid([study.correlation_env], CORRELATION_SETTINGS, study.correlation_seeds, study.only)
+  if name == "pretrained":
+    settings = {PRETRAINED_SETTING: PRETRAINED | {"model.path": study.pretrained_model}}
+    return _grid([study.pretrained_env], settings, study.pretrained_seeds, study.only, "pretrained")
   return _grid([study.collapse_env], COLLAPSE_SETTINGS, study.collapse_seeds, study.only)

@@ -8,7 +8,8 @@ from PIL import Image
 from scipy import stats
 
 from ragen_jax.config import ConfigError, load_config_file
-from ragen_jax.study import runner
+from ragen_jax.demo.stages import sft_schedule
+from ragen_jax.study import runner, studies
 from ragen_jax.study.report import PREDICTORS, collapse_results, collapse_timing, filter_results
 from ragen_jax.study.studies import CORRELATION_SETTINGS, StudyConfig, study_runs
 from ragen_jax.trainer import read_settings
@@ -26,8 +27,11 @@ def test_default_grids_are_the_issues_and_valid():
   assert {"filter.enabled", "filter.value", "algorithm.entropy_coef", "algorithm.kl_coef", "train.actor_lr"} <= varied
   assert any("degrades" in s for s in CORRELATION_SETTINGS)
   assert all(len({r.name for r in rs}) == len(rs) for rs in runs.values())  # a file name per run of a study
-  for run in runs["correlation"] + runs["collapse"]:
+  for run in runs["correlation"] + runs["collapse"] + study_runs(study, "pretrained"):
     read_settings(runner.run_config(config, run))
+  [pretrained] = study_runs(study, "pretrained")  # the bundled model, its SFT settings valid
+  assert pretrained.overrides["model.path"] == "" and pretrained.warm_start == "pretrained"
+  sft_schedule(runner.warm_start_config(config, pretrained), [pretrained.env], "pretrained")
   with pytest.raises(ConfigError, match="study.names='bogus'"):
     StudyConfig(names="filter,bogus")
   with pytest.raises(ConfigError, match="study.only='rho_0.3' is not one of"):
@@ -113,3 +117,50 @@ def test_collapse_timing_and_false_alarms():
   assert summary["false_alarms"] == {"healthy_runs": 1, "runs_with_alarm": 1, "alarms": 1}
   assert summary["runs"][record["name"]]["entropy_change"] == pytest.approx(0.05)
   assert "| 10 | 4 | 6 | 1.00 → 0.50 | 0.800 → 0.200 (0.100) | +5% |" in body[2]
+
+
+def test_pretrained_substudy_fine_tunes_the_checkpoint_in_its_own_template(tmp_path, monkeypatch):
+  import transformers
+  from safetensors.numpy import load_file
+
+  from ragen_jax.demo import stages
+  from ragen_jax.models.gguf_convert import bundled_tokenizer_dir
+  from ragen_jax.models.scratch import save_scratch_model
+
+  tokenizer = transformers.AutoTokenizer.from_pretrained(bundled_tokenizer_dir())  # SmolLM2's, chat template too
+  save_scratch_model(tokenizer, tmp_path / "checkpoint", hidden_size=32, num_layers=1)
+  config = shortened("study", tmp_path / "study")
+  config.rollout.max_turns = 1
+  config.study.update(names="pretrained", pretrained_env="frozenlake", pretrained_model=str(tmp_path / "checkpoint"))
+  monkeypatch.setattr(studies, "PRETRAINED", {"demo.sft_episodes": 4, "demo.sft_steps": 3, "demo.sft_batch_size": 2,
+                                              "rollout.max_new_tokens": 48, "filter.enabled": True})
+  demonstrated, ran = [], []
+
+  def demonstrations(config, name, tokenizer):
+    examples, success = real_demonstrations(config, name, tokenizer)
+    demonstrated.extend(tokenizer.decode(ids) for ids, _ in examples)
+    return examples, success
+
+  def fake_run(config, run, sft_dir, study_dir):  # the RL itself is every sub-study's (the test above)
+    ran.append((run, sft_dir))
+    return _record(run.env, run.setting, run.seed, 0.3, 0.35, 0.1, name=run.name, sft_val_success=0.2, minutes=1.0,
+                   curves={"collapse/trajectory/mi_zscore": [[1, 1.0], [2, 0.5]],
+                           "collapse/trajectory/retrieval_accuracy": [[1, 0.9], [2, 0.8]]})
+
+  real_demonstrations = stages.demonstrations
+  monkeypatch.setattr(stages, "demonstrations", demonstrations)
+  monkeypatch.setattr(runner, "reinforce_run", fake_run)
+  results = runner.run_study(config)
+  warm = tmp_path / "study/warm_start/frozenlake-pretrained"
+  assert all("<|im_start|>assistant\n<think>" in text for text in demonstrated)  # the checkpoint's own template
+  saved = json.loads((warm / "warm_start.json").read_text())
+  assert saved["settings"]["model.path"] == str(tmp_path / "checkpoint") and saved["settings"]["demo.sft_steps"] == 3
+  tuned = transformers.AutoTokenizer.from_pretrained(warm / "sft_model")
+  assert tuned.get_vocab() == tokenizer.get_vocab() and tuned.chat_template == tokenizer.chat_template
+  before, after = load_file(tmp_path / "checkpoint/model.safetensors"), load_file(warm / "sft_model/model.safetensors")
+  assert before.keys() == after.keys() and any(not np.array_equal(before[k], after[k]) for k in before)
+  [(run, sft_dir)] = ran
+  assert run.overrides["model.path"] == str(tmp_path / "checkpoint") and sft_dir == str(warm / "sft_model")
+  assert results["pretrained"]["summary"]["runs"][run.name] == {"gain_in_se": 10.0, "learned": True}
+  assert f"| {run.name} | 0.200 | 0.300 | 0.350 | +0.100 ± 0.010 | +10.0 | 1.00 → 0.50 | 0.900 → 0.800 (0.100) | 1 |" \
+      in (tmp_path / "study/pretrained/report.md").read_text()
