@@ -22,6 +22,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench.common import report, timed  # noqa: E402
@@ -94,6 +95,29 @@ def decode_roofline(config, n_params: int, limits, batch: int, context: float) -
   return batch / seconds, bound
 
 
+def step_parts(model, batch: int, ours_tok_s: float) -> None:
+  """Where a decode step's time goes, against the whole step (1 / tokens per second per row): the LM head's
+  matmul [batch, hidden] x [hidden, vocab] and drawing one token per row from [batch, vocab] logits
+  (`sampling.rules.sample` at temperature 1, which also takes both log-probabilities); the rest is the layers."""
+  from ragen_jax.sampling.rules import sample
+
+  config = model.config
+  embed = model.params["embed_tokens"]["embedding"] if config.tie_word_embeddings else None
+  head_DV = embed.T if embed is not None else model.params["lm_head"]["kernel"]
+  hidden_BD = jax.random.normal(jax.random.key(0), (batch, config.hidden_size), head_DV.dtype)
+  logits_BV = jax.random.normal(jax.random.key(1), (batch, config.vocab_size), jnp.float32)
+  head = jax.jit(jnp.matmul)
+  draw = jax.jit(lambda key, logits: sample(key, logits, SamplingRule(temperature=1.0)))
+  jax.block_until_ready((head(hidden_BD, head_DV), draw(jax.random.key(2), logits_BV)))
+  head_s, _ = timed(head, hidden_BD, head_DV, repeats=5)
+  draw_s, _ = timed(draw, jax.random.key(2), logits_BV, repeats=5)
+  step_s = batch / ours_tok_s
+  print(f"  batch {batch}: decode step {1e3 * step_s:.2f} ms; LM head matmul {1e3 * head_s:.2f} ms "
+        f"({head_s / step_s:.0%}); sampling over {config.vocab_size} {1e3 * draw_s:.2f} ms ({draw_s / step_s:.0%}, "
+        f"{draw_s / head_s:.2f}x the LM head); the layers and the rest {1e3 * (step_s - head_s - draw_s):.2f} ms",
+        flush=True)
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__)
   parser.add_argument("--batches", default="16,64")
@@ -125,6 +149,7 @@ def main():
       report(f"transformers generate, batch {batch}", hf, "tok/s")
       report(f"ragen_jax sampler, batch {batch}", ours, "tok/s", "transformers generate", hf)
     report(f"ragen_jax sampler, batch {batch} vs roofline", ours, "tok/s", "roofline", roofline)
+    step_parts(model, batch, ours)
     if args.lora_rank:
       in_forward, merged = lora_tokens_per_second(model, prompts, args.new_tokens, args.lora_rank)
       report(f"LoRA r{args.lora_rank} in the forward, batch {batch}", in_forward, "tok/s", "no LoRA", ours)
