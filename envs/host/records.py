@@ -47,6 +47,31 @@ def in_validation(key: str, fraction: float) -> bool:
   return digest < fraction * 2**64
 
 
+def hash_split(items, key, fraction: float, source: str, instead: str) -> dict[str, tuple]:
+  """{"train", "validation"}: `items` split by `in_validation(key(item), fraction)`; ValueError when a split is
+  empty, naming `source` and the option (`instead`) that gives the validation split its own file."""
+  held_out = [in_validation(key(item), fraction) for item in items]
+  splits = {"train": tuple(i for i, v in zip(items, held_out) if not v),
+            "validation": tuple(i for i, v in zip(items, held_out) if v)}
+  empty = [name for name, part in splits.items() if not part]
+  if empty:
+    raise ValueError(f"the {empty[0]} split of {source} is empty with validation_fraction={fraction}; add "
+                     f"records, change the fraction or give {instead}")
+  return splits
+
+
+def existing_file(path: str, what: str) -> str:
+  """`path` normalised by the path layer; FileNotFoundError "<what> not found" when it is not a file."""
+  if not paths.exists(path) or paths.isdir(path):
+    raise FileNotFoundError(f"{what} not found: {path}")
+  return paths.join(path)
+
+
+def write_jsonl(path: str, records) -> None:
+  """`records` as JSONL at `path` (local or `gs://`)."""
+  paths.write_text(path, "".join(json.dumps(record) + "\n" for record in records))
+
+
 def file_digest(*names: str) -> str:
   """Digest of paths, sizes and modification times (changes when a file does)."""
   parts = [paths.fingerprint(path) for path in names if path]

@@ -20,7 +20,7 @@ import time
 import urllib.error
 import urllib.request
 
-from envs.host.records import file_digest, read_records
+from envs.host.records import existing_file, file_digest, read_records
 from ragen_jax import paths
 
 
@@ -78,9 +78,7 @@ class Bm25Retriever:
   @classmethod
   def for_corpus(cls, corpus: str) -> Bm25Retriever:
     """The retriever of `corpus`, its index loaded from beside it or built and saved there (once per process)."""
-    if not paths.exists(corpus) or paths.isdir(corpus):
-      raise FileNotFoundError(f"search corpus not found: {corpus}")
-    corpus = paths.join(corpus)
+    corpus = existing_file(corpus, "search corpus")
     return _bm25_retriever(corpus, file_digest(corpus))
 
   def search(self, query: str, k: int) -> list[Passage]:

@@ -29,7 +29,7 @@ import re
 import string
 
 from envs.host.base import TextStep, check_split, extract_answer, format_failure, split_index
-from envs.host.records import field, file_digest, in_validation, read_records
+from envs.host.records import existing_file, field, file_digest, hash_split, read_records
 from envs.host.retrieval import Bm25Retriever, HttpRetriever, Passage, RetrievalError
 from envs.host.search_data import write_generated
 from ragen_jax import paths
@@ -159,9 +159,7 @@ def _load_questions(path: str, digest: str) -> tuple[dict, ...]:
 
 def load_questions(path: str) -> tuple[dict, ...]:
   """The checked question records of a JSON/JSONL file (cached per process and file version)."""
-  if not paths.exists(path) or paths.isdir(path):
-    raise FileNotFoundError(f"search question file not found: {path}")
-  path = paths.join(path)
+  path = existing_file(path, "search question file")
   return _load_questions(path, file_digest(path))
 
 
@@ -170,15 +168,7 @@ def _split(questions: str, validation_questions: str, fraction: float, digest: s
   del digest  # the cache key only
   if validation_questions:
     return {"train": load_questions(questions), "validation": load_questions(validation_questions)}
-  items = load_questions(questions)
-  held_out = [in_validation(q["question"], fraction) for q in items]
-  splits = {"train": tuple(q for q, v in zip(items, held_out) if not v),
-            "validation": tuple(q for q, v in zip(items, held_out) if v)}
-  empty = [name for name, part in splits.items() if not part]
-  if empty:
-    raise ValueError(f"the {empty[0]} split of {questions} is empty with validation_fraction={fraction}; add "
-                     f"questions, change the fraction or give validation_questions")
-  return splits
+  return hash_split(load_questions(questions), lambda q: q["question"], fraction, questions, "validation_questions")
 
 
 @functools.cache

@@ -10,9 +10,9 @@ two people, in the order they are needed.
 
 from __future__ import annotations
 
-import json
 import random
 
+from envs.host.records import write_jsonl
 from ragen_jax import paths
 
 _ONSETS = ("b", "br", "d", "dr", "f", "g", "k", "kr", "l", "m", "n", "p", "qu", "r", "s", "st", "t", "tr", "v", "z")
@@ -65,6 +65,6 @@ def write_generated(directory: str, seed: int = 0, people: int = 200) -> tuple[s
   corpus_path, questions_path = paths.join(folder, "corpus.jsonl"), paths.join(folder, "questions.jsonl")
   if not (paths.exists(corpus_path) and paths.exists(questions_path)):
     corpus, questions = generate(seed, people)
-    paths.write_text(corpus_path, "".join(json.dumps(r) + "\n" for r in corpus))
-    paths.write_text(questions_path, "".join(json.dumps(r) + "\n" for r in questions))
+    write_jsonl(corpus_path, corpus)
+    write_jsonl(questions_path, questions)
   return corpus_path, questions_path

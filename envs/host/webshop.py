@@ -31,7 +31,7 @@ import functools
 import re
 
 from envs.host.base import TextStep, check_split, extract_answer, format_failure, split_index
-from envs.host.records import field, file_digest, in_validation, read_records
+from envs.host.records import existing_file, field, file_digest, hash_split, read_records
 from envs.host.retrieval import bm25_index, bm25_top
 from envs.host.webshop_data import write_generated
 from ragen_jax import paths
@@ -210,9 +210,7 @@ class CatalogStore:
 
   @classmethod
   def for_catalog(cls, catalog: str) -> CatalogStore:
-    if not paths.exists(catalog) or paths.isdir(catalog):
-      raise FileNotFoundError(f"webshop catalog not found: {catalog}")
-    catalog = paths.join(catalog)
+    catalog = existing_file(catalog, "webshop catalog")
     return _catalog_store(catalog, file_digest(catalog))
 
   def search(self, query: str, k: int) -> list[Product]:
@@ -339,24 +337,24 @@ class SimulatorShop:
     self._env = WebAgentTextEnv(observation_mode="text", server=server)
     self.goals = len(self._env.server.goals)
 
+  def _show(self, observation: str) -> None:
+    """The new page: its text and, parsed once from its HTML, what it allows."""
+    available = self._env.get_available_actions()
+    self._observation, self.has_search = observation, bool(available["has_search_bar"])
+    self._clickables = [c for c in available["clickables"] if c != SEARCH]
+
   def start(self, goal_index: int) -> None:
-    self._observation, _ = self._env.reset(session=goal_index)
-
-  def _available(self) -> dict:
-    return self._env.get_available_actions()
-
-  @property
-  def has_search(self) -> bool:
-    return bool(self._available()["has_search_bar"])
+    self._show(self._env.reset(session=goal_index)[0])
 
   def clickables(self) -> list[str]:
-    return [c for c in self._available()["clickables"] if c != SEARCH]
+    return self._clickables
 
   def observation(self) -> str:
     return self._observation
 
   def act(self, kind: str, argument: str) -> tuple[float, bool]:
-    self._observation, reward, done, _ = self._env.step(f"{kind}[{argument}]")
+    observation, reward, done, _ = self._env.step(f"{kind}[{argument}]")
+    self._show(observation)
     return float(reward), bool(done)
 
 
@@ -411,12 +409,10 @@ class WebShopEnv:
       if not instructions:
         raise ValueError("a webshop catalog needs an instructions file (goals naming its products)")
       self.shop = CatalogShop(CatalogStore.for_catalog(catalog), o.results_per_page, o.search_results)
-      for path in (instructions, o.validation_instructions):
-        if path and (not paths.exists(path) or paths.isdir(path)):
-          raise FileNotFoundError(f"webshop instructions not found: {path}")
-      self._splits = _split(paths.join(catalog), paths.join(instructions),
-                            o.validation_instructions and paths.join(o.validation_instructions),
-                            o.validation_fraction, file_digest(catalog, instructions, o.validation_instructions))
+      instructions, validation = (path and existing_file(path, "webshop instructions")
+                                  for path in (instructions, o.validation_instructions))
+      self._splits = _split(paths.join(catalog), instructions, validation, o.validation_fraction,
+                            file_digest(catalog, instructions, validation))
     self._turn, self._done, self._started = 0, False, False
 
   def goals(self, split: str = "train"):
@@ -456,12 +452,5 @@ def _split(catalog: str, instructions: str, validation_instructions: str, fracti
   if validation_instructions:
     return {"train": _goals(instructions, catalog, digest), "validation": _goals(validation_instructions, catalog,
                                                                                   digest)}
-  goals = _goals(instructions, catalog, digest)
-  held_out = [in_validation(g.instruction + g.product_id, fraction) for g in goals]
-  splits = {"train": tuple(g for g, v in zip(goals, held_out) if not v),
-            "validation": tuple(g for g, v in zip(goals, held_out) if v)}
-  empty = [name for name, part in splits.items() if not part]
-  if empty:
-    raise ValueError(f"the {empty[0]} split of {instructions} is empty with validation_fraction={fraction}; add "
-                     f"instructions, change the fraction or give validation_instructions")
-  return splits
+  return hash_split(_goals(instructions, catalog, digest), lambda g: g.instruction + g.product_id, fraction,
+                    instructions, "validation_instructions")

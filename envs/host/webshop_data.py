@@ -21,6 +21,7 @@ import json
 import random
 import re
 
+from envs.host.records import write_jsonl
 from ragen_jax import paths
 
 # (product_category, type name, attribute pool, option values by name, price range in dollars)
@@ -114,10 +115,6 @@ def generate(seed: int = 0, products: int = 120) -> tuple[list[dict], list[dict]
   return catalog, instructions
 
 
-def _write_jsonl(path: str, records: list[dict]) -> None:
-  paths.write_text(path, "".join(json.dumps(record) + "\n" for record in records))
-
-
 def write_generated(directory: str, seed: int = 0, products: int = 120) -> tuple[str, str]:
   """(catalog path, instructions path) of the generated store in `directory/generated-seed{seed}-products{n}/`,
   written once."""
@@ -125,8 +122,8 @@ def write_generated(directory: str, seed: int = 0, products: int = 120) -> tuple
   catalog_path, instructions_path = paths.join(folder, "catalog.jsonl"), paths.join(folder, "instructions.jsonl")
   if not (paths.exists(catalog_path) and paths.exists(instructions_path)):
     catalog, instructions = generate(seed, products)
-    _write_jsonl(catalog_path, catalog)
-    _write_jsonl(instructions_path, instructions)
+    write_jsonl(catalog_path, catalog)
+    write_jsonl(instructions_path, instructions)
   return catalog_path, instructions_path
 
 
@@ -175,6 +172,6 @@ def convert_webshop(items_path: str, attributes_path: str, human_instructions_pa
                              "attributes": goal["instruction_attributes"],
                              "options": _values(goal.get("instruction_options")), "price_upper": upper})
   catalog_path, instructions_path = paths.join(out_dir, "catalog.jsonl"), paths.join(out_dir, "instructions.jsonl")
-  _write_jsonl(catalog_path, catalog)
-  _write_jsonl(instructions_path, instructions)
+  write_jsonl(catalog_path, catalog)
+  write_jsonl(instructions_path, instructions)
   return catalog_path, instructions_path

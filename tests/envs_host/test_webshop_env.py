@@ -207,6 +207,9 @@ def test_bad_files_and_options_are_clear_errors(tmp_path, data_dir):
   instructions.write_text(json.dumps({"id": "B7", "instruction": "a cup", "attributes": []}) + "\n")
   with pytest.raises(ValueError, match="instructions.jsonl:1: the instruction's product B7 is not in the catalog"):
     envs.host.make_text_env("webshop", catalog=catalog, instructions=str(instructions))
+  instructions.write_text(json.dumps({"id": "B1", "instruction": "a mug", "attributes": []}) + "\n")
+  with pytest.raises(ValueError, match="split of .*instructions.jsonl is empty .* give validation_instructions"):
+    envs.host.make_text_env("webshop", catalog=catalog, instructions=str(instructions))  # one goal, two splits
   with pytest.raises(ValueError, match="needs an instructions file"):
     envs.host.make_text_env("webshop", catalog=catalog)
   with pytest.raises(FileNotFoundError, match="catalog not found"):
