@@ -20,6 +20,7 @@ import jax.numpy as jnp  # noqa: E402
 from bench.common import report, timed  # noqa: E402
 
 MATMUL_SIZES = (512, 1024, 2048)
+GPU_MATMUL_SIZES = (2048, 4096, 8192)  # a GPU reaches its peak only on larger products
 STREAM_BYTES = 512 * 2**20  # far past any CPU cache (and a GPU's L2)
 
 
@@ -44,23 +45,29 @@ def stream_bandwidth(num_bytes: int = STREAM_BYTES, repeats: int = 5) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
-  """The measured peaks: FLOP/s per matmul dtype (best over `MATMUL_SIZES`) and streaming bytes/s."""
+  """The measured peaks: FLOP/s per matmul dtype (best over `MATMUL_SIZES`, on a GPU `GPU_MATMUL_SIZES`) and
+  streaming bytes/s."""
 
   f32_flops: float
   bf16_flops: float
   bandwidth: float
 
+  def peak(self, dtype: str) -> float:
+    """The matmul FLOP/s of compute dtype `dtype` ("float32" / "f32" or "bfloat16" / "bf16")."""
+    return self.f32_flops if dtype in ("f32", "float32") else self.bf16_flops
+
   def decode_step(self, bytes_read: float, flops: float, dtype: str = "f32") -> tuple[float, str]:
     """(seconds, "memory" | "compute"): the roofline time of a step reading `bytes_read` and doing `flops`."""
-    memory, compute = bytes_read / self.bandwidth, flops / (self.f32_flops if dtype == "f32" else self.bf16_flops)
+    memory, compute = bytes_read / self.bandwidth, flops / self.peak(dtype)
     return max(memory, compute), "memory" if memory >= compute else "compute"
 
 
 def measure(verbose: bool = True) -> Limits:
   """Measures and (with `verbose`) prints every limit."""
   peaks = {}
+  sizes = GPU_MATMUL_SIZES if jax.devices()[0].platform == "gpu" else MATMUL_SIZES
   for name, dtype in (("f32", jnp.float32), ("bf16", jnp.bfloat16)):
-    for size in MATMUL_SIZES:
+    for size in sizes:
       flops = matmul_flops(size, dtype)
       peaks[name] = max(peaks.get(name, 0.0), flops)
       if verbose:

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-BENCHMARKS = ("limits.py", "envs.py", "sampler.py", "rollout.py", "diagnostics.py", "memory.py")
+BENCHMARKS = ("limits.py", "envs.py", "sampler.py", "rollout.py", "update.py", "diagnostics.py", "memory.py")
 
 if __name__ == "__main__":
   failed = []

@@ -1,11 +1,14 @@
 """Decode throughput: our jitted sampler vs transformers' PyTorch `generate` on SmolLM2-135M.
 
   .venv/bin/python bench/sampler.py [--batches 16,64] [--new-tokens 128] [--lora-rank 64]
+      [--dtype bfloat16 --random-weights]  # what bench/gpu.sh runs
 
 Both sides decode exactly `new-tokens` tokens per row (EOS disabled) from the same
 weights and chat prompts, against this machine's decode roofline (`bench/limits.py`): per step the larger of
-reading the f32 weights and the KV cache at the mean context over the measured bandwidth, and the step's FLOPs
-(2 per parameter per row, attention over the cache included) over the f32 matmul peak.
+reading the weights and the KV cache at the mean context over the measured bandwidth, and the step's FLOPs
+(2 per parameter per row, attention over the cache included) over the matmul peak of the compute dtype.
+`--random-weights`: SmolLM2-135M's shapes with random weights and 32 random prompt tokens per row (no tokenizer,
+no checkpoint and no transformers peer: what a machine without the bundled model runs).
 With LoRA adapters (rank `--lora-rank` on every projection), the sampler either applies them in the forward or
 decodes with the weights merged first (`models.lora.merge`, counted once per batch as a training iteration would):
 both as tok/s against the plain model in the same run.
@@ -27,8 +30,10 @@ import numpy as np  # noqa: E402
 
 from bench.common import report, timed  # noqa: E402
 from bench.limits import measure  # noqa: E402
-from ragen_jax.models import Model, bundled_model_dir, load_pretrained, lora  # noqa: E402
+from ragen_jax.mesh import single_device_mesh  # noqa: E402
+from ragen_jax.models import Model, bundled_model_dir, init_params, load_pretrained, lora  # noqa: E402
 from ragen_jax.models.model import adapter_params  # noqa: E402
+from ragen_jax.models.shapes import shape_config  # noqa: E402
 from ragen_jax.sampling import SamplingRule, SamplingSession  # noqa: E402
 from ragen_jax.sampling.session import round_up  # noqa: E402
 
@@ -87,18 +92,39 @@ def hf_tokens_per_second(hf_model, prompts, new_tokens: int, pad_id: int) -> flo
 
 
 def decode_roofline(config, n_params: int, limits, batch: int, context: float) -> tuple[float, str]:
-  """(tok/s, what binds) of f32 decode at `batch` rows with `context` cached tokens each: a step reads the weights
-  once and every row's K and V, and does 2 FLOPs per parameter and 4 per head dimension per cached token a row."""
-  kv_bytes = batch * context * config.num_layers * 2 * config.num_kv_heads * config.head_dim * 4
+  """(tok/s, what binds) of decode at `batch` rows with `context` cached tokens each: a step reads the weights
+  once (in their dtype) and every row's K and V (in the compute dtype, as the cache holds them), and does 2 FLOPs
+  per parameter and 4 per head dimension per cached token a row."""
+  weight_bytes = np.dtype(config.weight_dtype).itemsize * n_params
+  kv_bytes = (batch * context * config.num_layers * 2 * config.num_kv_heads * config.head_dim
+              * np.dtype(config.compute_dtype).itemsize)
   attention_flops = batch * context * config.num_layers * 4 * config.num_heads * config.head_dim
-  seconds, bound = limits.decode_step(4 * n_params + kv_bytes, 2 * n_params * batch + attention_flops)
+  seconds, bound = limits.decode_step(weight_bytes + kv_bytes, 2 * n_params * batch + attention_flops, config.dtype)
   return batch / seconds, bound
 
 
-def step_parts(model, batch: int, ours_tok_s: float) -> None:
-  """Where a decode step's time goes, against the whole step (1 / tokens per second per row): the LM head's
-  matmul [batch, hidden] x [hidden, vocab] and drawing one token per row from [batch, vocab] logits
-  (`sampling.rules.sample` at temperature 1, which also takes both log-probabilities); the rest is the layers."""
+def attention_seconds(config, batch: int, context: int) -> float:
+  """Seconds of one decode step's attention over the cache in every layer: `transformer.cached_attention` of one
+  query per row over `context` filled slots of a cache of `context` + 128, timed for one layer, times the layers."""
+  from ragen_jax.models.transformer import KVCache, cached_attention
+
+  slots = context + 128
+  cache = KVCache.zeros(config, batch, slots)
+  cache = cache.replace(k=jax.random.normal(jax.random.key(0), cache.k.shape, cache.k.dtype),
+                        v=jax.random.normal(jax.random.key(1), cache.v.shape, cache.v.dtype))
+  q_BTNH = jax.random.normal(jax.random.key(2), (batch, 1, config.num_heads, config.head_dim), cache.k.dtype)
+  mask_BTS = jnp.broadcast_to(jnp.arange(slots) < context, (batch, 1, slots))
+  one_layer = jax.jit(lambda q, k, v, mask: cached_attention(q, k, v, 0, mask, jnp.int32(context)))
+  jax.block_until_ready(one_layer(q_BTNH, cache.k, cache.v, mask_BTS))
+  seconds, _ = timed(one_layer, q_BTNH, cache.k, cache.v, mask_BTS, repeats=5)
+  return seconds * config.num_layers
+
+
+def step_parts(model, batch: int, ours_tok_s: float, context: int) -> None:
+  """Where a decode step's time goes, against the whole step (1 / tokens per second per row): attention over a
+  cache of `context` tokens in every layer, the LM head's matmul [batch, hidden] x [hidden, vocab] and drawing one
+  token per row from [batch, vocab] logits (`sampling.rules.sample` at temperature 1, which also takes both
+  log-probabilities); the rest is the layers' projections, MLPs and norms."""
   from ragen_jax.sampling.rules import sample
 
   config = model.config
@@ -111,10 +137,13 @@ def step_parts(model, batch: int, ours_tok_s: float) -> None:
   jax.block_until_ready((head(hidden_BD, head_DV), draw(jax.random.key(2), logits_BV)))
   head_s, _ = timed(head, hidden_BD, head_DV, repeats=5)
   draw_s, _ = timed(draw, jax.random.key(2), logits_BV, repeats=5)
+  attention_s = attention_seconds(config, batch, context)
   step_s = batch / ours_tok_s
-  print(f"  batch {batch}: decode step {1e3 * step_s:.2f} ms; LM head matmul {1e3 * head_s:.2f} ms "
+  rest_s = step_s - head_s - draw_s - attention_s
+  print(f"  batch {batch}: decode step {1e3 * step_s:.2f} ms; attention over {context} cached tokens "
+        f"{1e3 * attention_s:.2f} ms ({attention_s / step_s:.0%}); LM head matmul {1e3 * head_s:.2f} ms "
         f"({head_s / step_s:.0%}); sampling over {config.vocab_size} {1e3 * draw_s:.2f} ms ({draw_s / step_s:.0%}, "
-        f"{draw_s / head_s:.2f}x the LM head); the layers and the rest {1e3 * (step_s - head_s - draw_s):.2f} ms",
+        f"{draw_s / head_s:.2f}x the LM head); the rest of the layers {1e3 * rest_s:.2f} ms ({rest_s / step_s:.0%})",
         flush=True)
 
 
@@ -124,24 +153,34 @@ def main():
   parser.add_argument("--new-tokens", type=int, default=128)
   parser.add_argument("--skip-hf", action="store_true")
   parser.add_argument("--lora-rank", type=int, default=64)
+  parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+  parser.add_argument("--random-weights", action="store_true")
   args = parser.parse_args()
 
-  import torch
-  import transformers
-  torch.set_num_threads(os.cpu_count())
-  path = bundled_model_dir()
-  tokenizer = transformers.AutoTokenizer.from_pretrained(path)
-  model = load_pretrained(path)
+  if args.random_weights:
+    config = shape_config("smollm2-135m", dtype=args.dtype)
+    model, tokenizer, hf_model = Model(config, init_params(config, jax.random.key(0)), single_device_mesh()), None, None
+  else:
+    import torch
+    import transformers
+    torch.set_num_threads(os.cpu_count())
+    path = bundled_model_dir()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    model = load_pretrained(path, dtype=args.dtype)
+    hf_model = None if args.skip_hf else transformers.AutoModelForCausalLM.from_pretrained(path).eval()
   model = dataclasses.replace(model, config=dataclasses.replace(model.config, eos_token_ids=()))
-  hf_model = None if args.skip_hf else transformers.AutoModelForCausalLM.from_pretrained(path).eval()
   n_params = sum(x.size for x in jax.tree.leaves(model.params))
-  print(f"SmolLM2-135M ({n_params / 1e6:.1f}M params), {jax.device_count()} device(s), {os.cpu_count()} cores, "
+  print(f"SmolLM2-135M ({n_params / 1e6:.1f}M params, {args.dtype}{', random weights' * args.random_weights}), "
+        f"{jax.device_count()} {jax.devices()[0].platform} device(s), {os.cpu_count()} cores, "
         f"load average {os.getloadavg()[0]:.2f}")
   limits = measure()
   for batch in map(int, args.batches.split(",")):
-    prompts = chat_prompts(tokenizer, batch)
-    roofline, bound = decode_roofline(model.config, n_params, limits, batch,
-                                      sum(map(len, prompts)) / batch + args.new_tokens / 2)
+    if tokenizer is None:
+      prompts = np.random.default_rng(batch).integers(2, model.config.vocab_size, (batch, 32)).tolist()
+    else:
+      prompts = chat_prompts(tokenizer, batch)
+    context = sum(map(len, prompts)) / batch + args.new_tokens / 2
+    roofline, bound = decode_roofline(model.config, n_params, limits, batch, context)
     report(f"decode roofline, batch {batch} ({bound}-bound)", roofline, "tok/s")
     ours = ours_tokens_per_second(model, prompts, args.new_tokens)
     if hf_model is not None:
@@ -149,7 +188,7 @@ def main():
       report(f"transformers generate, batch {batch}", hf, "tok/s")
       report(f"ragen_jax sampler, batch {batch}", ours, "tok/s", "transformers generate", hf)
     report(f"ragen_jax sampler, batch {batch} vs roofline", ours, "tok/s", "roofline", roofline)
-    step_parts(model, batch, ours)
+    step_parts(model, batch, ours, int(context))
     if args.lora_rank:
       in_forward, merged = lora_tokens_per_second(model, prompts, args.new_tokens, args.lora_rank)
       report(f"LoRA r{args.lora_rank} in the forward, batch {batch}", in_forward, "tok/s", "no LoRA", ours)

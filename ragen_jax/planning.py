@@ -37,13 +37,14 @@ from ragen_jax.config import ConfigError, check, check_one_of, did_you_mean
 from ragen_jax.diagnostics.collapse import init_diagnostics_state
 from ragen_jax.models import CheckpointError, Model, lora
 from ragen_jax.models.config import DTYPES, ModelConfig
+from ragen_jax.models.flops import causal_key_pairs, forward_flops, train_pass_flops
 from ragen_jax.models.gguf_convert import bundled_tokenizer_dir
 from ragen_jax.models.hf_io import TOKENIZER_FILES, read_hf_config
 from ragen_jax.models.model import abstract_params, input_sharding, param_shardings
 from ragen_jax.models.partitioning import logical_to_spec
 from ragen_jax.models.scratch import SCRATCH_TINY, TINY_DIMS, scratch_config
 from ragen_jax.models.shapes import SHAPES, shape_config
-from ragen_jax.models.transformer import CACHE_BLOCK, QUERY_BLOCK, KVCache
+from ragen_jax.models.transformer import CACHE_BLOCK, KVCache
 from ragen_jax.rl import update as update_lib
 from ragen_jax.rollout.device import play_episodes, slot_layout
 from ragen_jax.rollout.episodes import reset_batch
@@ -317,46 +318,6 @@ def kv_cache_bytes(model_config: ModelConfig, mesh, batch_size: int, slots: int)
 
 
 # ---- FLOPs ------------------------------------------------------------------------------------------------------
-def projection_shapes(c: ModelConfig) -> dict[str, tuple[int, int]]:
-  """(inputs, outputs) of each projection of a decoder layer."""
-  d, q, kv, mlp = c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size
-  return {"q_proj": (d, q), "k_proj": (d, kv), "v_proj": (d, kv), "o_proj": (q, d), "gate_proj": (d, mlp),
-          "up_proj": (d, mlp), "down_proj": (mlp, d)}
-
-
-def adapter_matmul_params(c: ModelConfig) -> int:
-  """Weights of one decoder layer's LoRA adapters (both factors; 0 without LoRA)."""
-  shapes = projection_shapes(c)
-  return 0 if c.lora is None else sum(c.lora.rank * sum(shapes[name]) for name in c.lora.projections)
-
-
-def layer_matmul_params(c: ModelConfig) -> int:
-  """Weights of one decoder layer's matmuls (q, k, v, o, the SwiGLU MLP, and LoRA adapters' two factors)."""
-  return sum(i * o for i, o in projection_shapes(c).values()) + adapter_matmul_params(c)
-
-
-def forward_flops(c: ModelConfig, tokens: int, key_pairs: int, head_tokens: int) -> float:
-  """FLOPs of a forward pass over `tokens` tokens whose queries read `key_pairs` (query, key) pairs in all, with
-  the LM head on `head_tokens` of them: 2 per multiply-add of every matmul and of attention's two products."""
-  per_layer = 2 * tokens * layer_matmul_params(c) + 4 * key_pairs * c.num_heads * c.head_dim
-  return c.num_layers * per_layer + 2 * head_tokens * c.hidden_size * c.vocab_size
-
-
-def train_pass_flops(c: ModelConfig, tokens: int, key_pairs: int, head_tokens: int) -> float:
-  """`forward_flops` and the backward: the inputs' gradients (one forward again) and the weights' gradients (one
-  forward of the trained weights' matmuls: all of them, or under LoRA the adapters only; attention has none, so
-  counting it there too makes this an upper bound)."""
-  forward = forward_flops(c, tokens, key_pairs, head_tokens)
-  if c.lora is None:
-    return 3 * forward
-  return 2 * forward + 2 * tokens * c.num_layers * adapter_matmul_params(c)
-
-
-def causal_key_pairs(length: int, block: int = QUERY_BLOCK) -> int:
-  """(query, key) pairs `transformer.causal_attention` computes over one sequence (by blocks of queries)."""
-  return sum(min(block, length - i) * min(i + block, length) for i in range(0, length, block))
-
-
 def _cached_keys(end: int, slots: int, block: int = CACHE_BLOCK) -> int:
   """Keys one query reads in `transformer.cached_attention` with `end` slots filled."""
   return -(-end // min(block, slots)) * min(block, slots)

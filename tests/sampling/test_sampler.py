@@ -130,6 +130,23 @@ def test_sampling_rule_distribution(temperature, top_k, top_p):
   assert 0.5 * np.abs(empirical - expected).sum() < 0.02
 
 
+@pytest.mark.parametrize("top_k", [0, 5])
+def test_sampling_draws_across_vocabulary_blocks(top_k):
+  """700 entries: three blocks of the two-level draw (the last one padded), mass at the blocks' edges, a light
+  tail, and with top-k masked entries in every block (never drawn)."""
+  logits = np.full(700, -9.0, np.float32)
+  logits[[0, 255, 256, 511, 512, 600, 699]] = [1.0, 2.0, 1.5, 0.5, 2.5, 0.0, 1.0]
+  expected = _reference_distribution(jnp.asarray(logits), 1.0, top_k, 1.0)
+  draws = 40_000
+  tokens, sampling_logp, model_logp = jax.jit(lambda k: sample(k, jnp.tile(logits, (draws, 1)), SamplingRule(
+      1.0, top_k)))(jax.random.key(1))
+  empirical = np.bincount(np.asarray(tokens), minlength=700) / draws
+  assert np.all(empirical[expected == 0] == 0)
+  assert 0.5 * np.abs(empirical - expected).sum() < 0.02
+  np.testing.assert_allclose(sampling_logp, np.log(expected[np.asarray(tokens)]), rtol=1e-5)
+  np.testing.assert_allclose(model_logp, jax.nn.log_softmax(logits)[np.asarray(tokens)], rtol=1e-5)
+
+
 def test_greedy_rule_is_argmax_with_zero_sampling_logp():
   logits = jnp.asarray([[0.1, 3.0, -1.0], [5.0, 0.0, 4.9]])
   tokens, slp, mlp = sample(jax.random.key(0), logits, SamplingRule(temperature=0.0))
