@@ -449,7 +449,8 @@ class Trainer:
     zscore = metrics.get("collapse/trajectory/mi_zscore")
     if zscore is not None and metrics.get("collapse/computed", 1.0):
       self.alarm_state, alarm = update_alarm(self.alarm_state, self.settings.diagnostics, zscore,
-                                             metrics.get("update/policy_entropy", float("nan")))
+                                             metrics.get("update/policy_entropy", float("nan")),
+                                             metrics.get("collapse/trajectory/mi_estimate", float("nan")))
       metrics["collapse/alarm"] = float(alarm.fired)
       if alarm.fired:
         logging.warning("iteration %d: %s", self.iteration, alarm.message)
