@@ -25,6 +25,6 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 "$PYTHON" -c "import jax; print('jax', jax.__version__, jax.devices())"
 timeout 90 "$PYTHON" bench/limits.py
 timeout 150 "$PYTHON" bench/sampler.py --random-weights --dtype bfloat16 --batches 64,256 --new-tokens 128 \
-  --lora-rank 0
+  --lora-rank 0 --profile-tokens 0  # the op profiles (bench/profiling.py) read XLA:CPU's trace; a GPU's names kernels
 timeout 210 "$PYTHON" bench/update.py --models qwen2.5-1.5b --dtype bfloat16 --tokens 1024 --episodes 64 \
-  --micro 4 --rollout --diagnostics --repeats 1
+  --micro 4 --rollout --diagnostics --repeats 1 --no-profile

@@ -12,6 +12,8 @@ no checkpoint and no transformers peer: what a machine without the bundled model
 With LoRA adapters (rank `--lora-rank` on every projection), the sampler either applies them in the forward or
 decodes with the weights merged first (`models.lora.merge`, counted once per batch as a training iteration would):
 both as tok/s against the plain model in the same run.
+Each batch's decode step is split into attention over the cache, the LM head, sampling and the rest, and one decode
+of `--profile-tokens` tokens is profiled op by op (`bench/profiling.py`).
 """
 
 from __future__ import annotations
@@ -30,11 +32,12 @@ import numpy as np  # noqa: E402
 
 from bench.common import report, timed  # noqa: E402
 from bench.limits import measure  # noqa: E402
+from bench.profiling import op_profile, print_profile  # noqa: E402
 from ragen_jax.mesh import single_device_mesh  # noqa: E402
 from ragen_jax.models import Model, bundled_model_dir, init_params, load_pretrained, lora  # noqa: E402
 from ragen_jax.models.model import adapter_params  # noqa: E402
 from ragen_jax.models.shapes import shape_config  # noqa: E402
-from ragen_jax.sampling import SamplingRule, SamplingSession  # noqa: E402
+from ragen_jax.sampling import SamplingRule, SamplingSession, decode  # noqa: E402
 from ragen_jax.sampling.session import round_up  # noqa: E402
 
 
@@ -147,6 +150,18 @@ def step_parts(model, batch: int, ours_tok_s: float, context: int) -> None:
         flush=True)
 
 
+def decode_profile(model, prompts, new_tokens: int) -> None:
+  """The op profile (`bench/profiling.py`) of one call of our decode loop, `new_tokens` tokens per row."""
+  max_len = round_up(max(map(len, prompts)), 8) + new_tokens
+  key = jax.random.key(0)
+  with jax.set_mesh(model.mesh):
+    start = lambda: SamplingSession.start(model, prompts, max_len).state  # noqa: E731
+    compiled = decode.lower(model.config, model.params, start(), key, rule=SamplingRule(temperature=1.0),
+                            max_new_tokens=new_tokens).compile()
+    ops = op_profile(compiled, [(model.params, start(), key)])
+  print_profile(f"decode of {new_tokens} tokens, batch {len(prompts)}", ops)
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__)
   parser.add_argument("--batches", default="16,64")
@@ -155,6 +170,7 @@ def main():
   parser.add_argument("--lora-rank", type=int, default=64)
   parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
   parser.add_argument("--random-weights", action="store_true")
+  parser.add_argument("--profile-tokens", type=int, default=32, help="profile a decode of this many tokens (0: none)")
   args = parser.parse_args()
 
   if args.random_weights:
@@ -189,6 +205,8 @@ def main():
       report(f"ragen_jax sampler, batch {batch}", ours, "tok/s", "transformers generate", hf)
     report(f"ragen_jax sampler, batch {batch} vs roofline", ours, "tok/s", "roofline", roofline)
     step_parts(model, batch, ours, int(context))
+    if args.profile_tokens:
+      decode_profile(model, prompts, args.profile_tokens)
     if args.lora_rank:
       in_forward, merged = lora_tokens_per_second(model, prompts, args.new_tokens, args.lora_rank)
       report(f"LoRA r{args.lora_rank} in the forward, batch {batch}", in_forward, "tok/s", "no LoRA", ours)

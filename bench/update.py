@@ -15,6 +15,7 @@ Weights are f32, the compute in `--dtype`. The phases, each jitted as the traine
 FLOPs are the planner's (`models.flops.forward_flops`, `train_pass_flops`: 2 per matmul weight per token, the LM head
 included, and attention's two products over the (query, key) pairs computed; the backward twice the forward), as
 a share of the matmul peak of the compute dtype (`bench/limits.py`); the diagnostics' FLOPs are not counted.
+Then each phase's op profile, one more call under `jax.profiler` (`bench/profiling.py`; `--no-profile`: none).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import jax.numpy as jnp  # noqa: E402
 
 from bench.common import report, timed  # noqa: E402
 from bench.limits import measure  # noqa: E402
+from bench.profiling import op_profile, print_profile  # noqa: E402
 from ragen_jax import sampling  # noqa: E402
 from ragen_jax.diagnostics.collapse import CollapseConfig, init_diagnostics_state, make_diagnostics_fn  # noqa: E402
 from ragen_jax.models import ModelConfig, init_params  # noqa: E402
@@ -127,6 +129,14 @@ def measure_model(name: str, args, peak: float) -> None:
       seconds[phase] = min(seconds[phase], took)
     if phase == "learn":
       assert float(metrics["num_updates"]) == 1.0, metrics["num_updates"]
+  if args.profile:
+    if args.rollout:
+      prompts = (params, batch.tokens[:, :args.tokens // 4], jax.random.key(3))
+      print_profile(f"{name} rollout", op_profile(rollout.lower(*prompts).compile(), [prompts]))
+    print_profile(f"{name} score", op_profile(score.lower(config, cfg, state, None, batch).compile(),
+                                              [(state, None, batch)]))
+    for phase, compiled in phases.items():
+      print_profile(f"{name} {phase}", op_profile(compiled, [(jax.tree.map(jnp.copy, state), batch, scores)]))
   for phase, took in seconds.items():
     if phase in flops:
       report(f"{name} {phase}: {flops[phase] / 1e9:.0f} GFLOP in {took:.3f} s", flops[phase] / took / 1e9, "GFLOP/s",
@@ -148,6 +158,8 @@ def main():
   parser.add_argument("--rollout", action="store_true")
   parser.add_argument("--diagnostics", action="store_true")
   parser.add_argument("--repeats", type=int, default=2)
+  parser.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True,
+                      help="print each phase's op profile (bench/profiling.py)")
   args = parser.parse_args()
   if args.episodes % GROUP_SIZE or args.episodes % args.micro:
     sys.exit(f"--episodes {args.episodes} must be a multiple of {GROUP_SIZE} and of --micro {args.micro}")

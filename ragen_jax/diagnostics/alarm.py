@@ -55,13 +55,13 @@ def update_alarm(state: AlarmState, cfg: CollapseConfig, mi_zscore: float, entro
   (z_first, h_first, mi_first), (z_last, _, mi_last) = history[0], history[-1]
   if z_first <= 0 or mi_first <= 0:
     return new_state, AlarmResult(False, "")
-  relative_drop = (z_first - z_last) / z_first
+  relative_drop, mi_drop = (z_first - z_last) / z_first, (mi_first - mi_last) / mi_first
   entropy_shift = max(abs(h - h_first) for _, h, _ in history) / max(abs(h_first), 1e-12)
   if (relative_drop >= cfg.alarm_drop and z_first - z_last >= cfg.alarm_min_drop
-      and (mi_first - mi_last) / mi_first >= cfg.alarm_drop and entropy_shift <= cfg.alarm_entropy_tolerance):
+      and mi_drop >= cfg.alarm_drop and entropy_shift <= cfg.alarm_entropy_tolerance):
     return new_state, AlarmResult(True, (
         f"template collapse suspected: MI z-score fell {relative_drop:.0%} ({z_first:.4g} -> {z_last:.4g}), the MI "
-        f"estimate {(mi_first - mi_last) / mi_first:.0%} ({mi_first:.4g} -> {mi_last:.4g} nats per token), "
+        f"estimate {mi_drop:.0%} ({mi_first:.4g} -> {mi_last:.4g} nats per token), "
         f"over the last {cfg.alarm_window} points while entropy moved at most {entropy_shift:.1%} "
         f"({h_first:.4g} -> {history[-1][1]:.4g}; tolerance {cfg.alarm_entropy_tolerance:.0%})"))
   return new_state, AlarmResult(False, "")

@@ -219,7 +219,11 @@ def cached_attention(q_BTNH, cache_k, cache_v, layer, mask_BTS, key_end, block: 
   shape = (b, kv, n // kv, t)
   init = (jnp.full(shape, _MASK_VALUE, jnp.float32), jnp.zeros(shape, jnp.float32),
           jnp.zeros(shape + (h,), jnp.float32))
-  _, total, out = jax.lax.fori_loop(0, num_blocks, visit, init)
+  if slots == block:  # no loop: around a one-block loop XLA:CPU copied the whole V cache twice in every layer
+    # (`bench/update.py --models demo --tokens 128 --rollout`: 35% of the rollout in `bench/profiling.py`'s profile)
+    _, total, out = visit(0, init)
+  else:
+    _, total, out = jax.lax.fori_loop(0, num_blocks, visit, init)
   out = out / total[..., None]
   return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h).astype(q_BTNH.dtype)
 

@@ -80,14 +80,18 @@ def summarize(runs: list[dict], env_names) -> tuple[dict, dict]:
 
 
 def plot_curves(path: str, runs: list[dict], env_names, panels=CURVES) -> str:
-  """Rows: `panels`; columns: environments; per setting the mean over seeds with a ±1 std band and thin seed lines."""
+  """Rows: `panels`; columns: environments; per setting the mean over seeds with a ±1 std band and thin seed lines
+  (filter off and on in `COLORS`, then any other setting of `runs`)."""
   fig, axes = plt.subplots(len(panels), len(env_names), figsize=(6 * len(env_names), 3.2 * len(panels)),
                            squeeze=False)
+  others = [s for s in dict.fromkeys(r["setting"] for r in runs) if s not in COLORS]
+  colors = COLORS | {setting: f"C{i + 2}" for i, setting in enumerate(others)}  # C0, C1: the COLORS
   for col, env in enumerate(env_names):
     for row, (title, key) in enumerate(panels):
       ax = axes[row, col]
-      for setting, color in COLORS.items():
-        curves = [dict(map(tuple, r["curves"][key])) for r in runs if r["env"] == env and r["setting"] == setting]
+      for setting, color in colors.items():
+        curves = [dict(map(tuple, r["curves"][key])) for r in runs
+                  if r["env"] == env and r["setting"] == setting and r["curves"].get(key)]
         for curve in curves:
           ax.plot(list(curve), list(curve.values()), color=color, alpha=0.25, linewidth=0.8)
         steps = sorted({s for c in curves for s in c})

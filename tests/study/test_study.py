@@ -9,6 +9,7 @@ from scipy import stats
 
 from ragen_jax.config import ConfigError, load_config_file
 from ragen_jax.demo.stages import sft_schedule
+from ragen_jax.report import comparison
 from ragen_jax.study import runner, studies
 from ragen_jax.study.report import PREDICTORS, collapse_results, collapse_timing, filter_results
 from ragen_jax.study.studies import CORRELATION_SETTINGS, StudyConfig, study_runs
@@ -147,7 +148,14 @@ def test_pretrained_substudy_fine_tunes_the_checkpoint_in_its_own_template(tmp_p
                    curves={"collapse/trajectory/mi_zscore": [[1, 1.0], [2, 0.5]],
                            "collapse/trajectory/retrieval_accuracy": [[1, 0.9], [2, 0.8]]})
 
+  drawn, real_save = {}, comparison._save
+
+  def save(fig, path):
+    drawn[path.rsplit("/", 1)[-1]] = sum(len(ax.lines) for ax in fig.axes)
+    return real_save(fig, path)
+
   real_demonstrations = stages.demonstrations
+  monkeypatch.setattr(comparison, "_save", save)
   monkeypatch.setattr(stages, "demonstrations", demonstrations)
   monkeypatch.setattr(runner, "reinforce_run", fake_run)
   results = runner.run_study(config)
@@ -164,3 +172,4 @@ def test_pretrained_substudy_fine_tunes_the_checkpoint_in_its_own_template(tmp_p
   assert results["pretrained"]["summary"]["runs"][run.name] == {"gain_in_se": 10.0, "learned": True}
   assert f"| {run.name} | 0.200 | 0.300 | 0.350 | +0.100 ± 0.010 | +10.0 | 1.00 → 0.50 | 0.900 → 0.800 (0.100) | 1 |" \
       in (tmp_path / "study/pretrained/report.md").read_text()
+  assert drawn["curves.png"] == 4  # the two curves the run has, each a seed line and a mean, in its own colour
