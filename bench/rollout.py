@@ -1,17 +1,22 @@
 """Multi-turn rollout throughput: the device path (one jit, KV cache continued across
-turns) against the host path that re-prefills every history each turn (RAGEN's way).
+turns) against pure decoding and against the host path that re-prefills every history each turn (RAGEN's way).
 
-  .venv/bin/python bench/rollout.py [--batch 64] [--turns 5] [--new-tokens 32]
+  .venv/bin/python bench/rollout.py [--models demo,smollm2] [--batch 64] [--smollm2-batch 16] [--turns 5]
+      [--new-tokens 32]
 
-Both paths play the same 5-turn Sokoban episodes with the same small model and
-print generated tokens per second and their ratio, in one run. Then one training
-iteration of the trainer (same model, env and batch; GRPO without the filter, collapse
-diagnostics at compute_freq 1) is timed and split into rollout, scoring, diagnostics and update.
+For each model (the demo's shape with random weights; the bundled SmolLM2-135M-Instruct), both paths play the same
+5-turn Sokoban episodes with EOS disabled, and pure decoding generates as many tokens per row at the same batch from
+the same first prompts (one prefill, one decode: the rollout's limit). Rates are rows x decode steps per second,
+with each path's cost over pure decode (issue 37's target: the device path's rendering, parsing, env steps and
+chunk prefills together within +20%). Then one training iteration of the trainer on the demo model (same env and
+batch; GRPO without the filter, collapse diagnostics at compute_freq 1) is timed and split into rollout, scoring,
+diagnostics and update.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import tempfile
@@ -26,6 +31,8 @@ import envs  # noqa: E402
 from bench.common import report, timed  # noqa: E402
 from bench.limits import measure  # noqa: E402
 from ragen_jax import mesh as mesh_lib  # noqa: E402
+from ragen_jax.assembly import load_model  # noqa: E402
+from ragen_jax.config import load_config_file  # noqa: E402
 from ragen_jax.models import Model, init_params  # noqa: E402
 from ragen_jax.models.scratch import scratch_config  # noqa: E402
 from ragen_jax.models.tokenizer import train_tokenizer  # noqa: E402
@@ -33,61 +40,97 @@ from ragen_jax.rollout import prompt  # noqa: E402
 from ragen_jax.rollout.device import device_rollout, slot_layout  # noqa: E402
 from ragen_jax.rollout.episodes import RolloutConfig, build_assets, reset_batch, train_seeds, unbatch  # noqa: E402
 from ragen_jax.rollout.host import host_rollout, reprefill_policy  # noqa: E402
+from ragen_jax.sampling import SamplingRule, SamplingSession  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__)
-  parser.add_argument("--batch", type=int, default=64)
+  parser.add_argument("--models", default="demo,smollm2", help="comma-separated: demo, smollm2")
+  parser.add_argument("--batch", type=int, default=64, help="episodes of the demo model")
+  parser.add_argument("--smollm2-batch", type=int, default=16, help="episodes of SmolLM2-135M")
   parser.add_argument("--turns", type=int, default=5)
   parser.add_argument("--new-tokens", type=int, default=32)
-  parser.add_argument("--hidden", type=int, default=256)
-  parser.add_argument("--layers", type=int, default=4)
   args = parser.parse_args()
+  print(f"{jax.device_count()} {jax.devices()[0].platform} device(s), {os.cpu_count()} cores, "
+        f"load average {os.getloadavg()[0]:.2f}")
+  models = {name: rollout_model(name) for name in args.models.split(",")}
+  for name, (model, tokenizer) in models.items():
+    compare_paths(name, model, tokenizer, args.smollm2_batch if name == "smollm2" else args.batch, args.turns,
+                  args.new_tokens)
+  if "demo" in models:  # last: the trainer points JAX's compilation cache into its (temporary) run directory
+    iteration_split(*models["demo"], args)
 
+
+def rollout_model(name: str) -> tuple[Model, object]:
+  """(model, tokenizer): "demo", configs/demo.py's model shape with random weights and a tokenizer trained on
+  Sokoban text; "smollm2", the bundled SmolLM2-135M-Instruct and its tokenizer."""
+  mesh = mesh_lib.single_device_mesh()
+  if name == "smollm2":
+    return load_model("", mesh)
   env, params = envs.make("sokoban")
   states = reset_batch(env, params, jnp.arange(64))
   texts = [env.render_text(unbatch(states, i), params) for i in range(64)]
   texts += [prompt.system_text(env.instruction_text(params, 10)), prompt.FORMAT_REMINDER] * 20
   tokenizer = train_tokenizer(texts, 1000)
-  model_config = scratch_config(tokenizer, hidden_size=args.hidden, num_layers=args.layers)
-  model = Model(model_config, init_params(model_config, jax.random.key(0)), mesh_lib.single_device_mesh())
-  # EOS disabled: every turn generates exactly new-tokens tokens on both paths.
-  no_eos = Model(model_config.__class__(**{**model_config.__dict__, "eos_token_ids": ()}), model.params, model.mesh)
-  config = RolloutConfig(max_turns=args.turns, max_new_tokens=args.new_tokens, max_actions_per_traj=100,
-                         temperature=1.0, max_model_len=0)
-  assets = build_assets(tokenizer, env, params, config, table_size=model_config.vocab_size)
-  seeds = jnp.asarray(train_seeds(0, args.batch // 8, 8))
-  groups = jnp.repeat(jnp.arange(args.batch // 8), 8)
+  demo = load_config_file(os.path.join(ROOT, "configs/demo.py")).demo
+  model_config = scratch_config(tokenizer, hidden_size=demo.hidden_size, num_layers=demo.num_layers,
+                                num_heads=demo.num_heads, num_kv_heads=demo.num_kv_heads)
+  return Model(model_config, init_params(model_config, jax.random.key(0)), mesh), tokenizer
+
+
+def compare_paths(name: str, model: Model, tokenizer, batch: int, turns: int, new_tokens: int) -> None:
+  """The device path, the host re-prefill path and pure decoding of `turns` x `new_tokens` tokens at `batch`."""
+  env, params = envs.make("sokoban")
+  # EOS disabled: every turn generates exactly new-tokens tokens on every path.
+  model = dataclasses.replace(model, config=dataclasses.replace(model.config, eos_token_ids=()))
+  config = RolloutConfig(max_turns=turns, max_new_tokens=new_tokens, max_actions_per_traj=100, temperature=1.0,
+                         max_model_len=0)
+  assets = build_assets(tokenizer, env, params, config, table_size=model.config.vocab_size)
+  seeds = jnp.asarray(train_seeds(0, batch // 8, 8))
+  groups = jnp.repeat(jnp.arange(batch // 8), 8)
   n_params = sum(x.size for x in jax.tree.leaves(model.params))
-  print(f"Sokoban, {args.turns} turns x {args.new_tokens} new tokens, batch {args.batch}, model {n_params / 1e6:.2f}M "
-        f"params, {slot_layout(assets, config)[2]} token slots per episode")
+  seq_len = slot_layout(assets, config)[2]
+  print(f"\n{name}: Sokoban, {turns} turns x {new_tokens} new tokens, batch {batch}, model {n_params / 1e6:.2f}M "
+        f"params, {seq_len} token slots per episode", flush=True)
 
   def device():
-    return device_rollout(no_eos.config, no_eos.params, env, params, assets, config, seeds, groups, jax.random.key(0))
+    return device_rollout(model.config, model.params, env, params, assets, config, seeds, groups, jax.random.key(0))
 
   def host():
-    return host_rollout(reprefill_policy(no_eos, config, assets), env, params, assets, config, seeds, groups,
-                        jax.random.key(0), seq_len=slot_layout(assets, config)[2])
+    return host_rollout(reprefill_policy(model, config, assets), env, params, assets, config, seeds, groups,
+                        jax.random.key(0), seq_len=seq_len)
 
-  results = {}
-  for name, fn in (("device path (cache across turns)", device), ("host path (re-prefill each turn)", host)):
+  seconds = {}
+  for path, fn in (("device", device), ("host", host)):
     fn()  # compile
-    seconds, traj = timed(fn)
-    generated = int(np.sum(np.asarray(traj.loss_mask)))
-    results[name] = generated / seconds
-  (dev_name, dev), (host_name, hst) = results.items()
-  report(host_name, hst, "gen tok/s")
-  report(dev_name, dev, "gen tok/s", "host re-prefill path", hst)
-  iteration_split(model, tokenizer, args)
+    seconds[path], traj = timed(fn)
+  # Pure decoding: the device path's first prompts, prefilled, then every turn's tokens in one decode.
+  tokens, valid, start = (np.asarray(x) for x in (traj.tokens, traj.valid, traj.response_start[:, 0]))
+  first_prompts = [tokens[i, :start[i]][valid[i, :start[i]]].tolist() for i in range(batch)]
+  steps = turns * new_tokens
+
+  def pure():
+    session = SamplingSession.for_replies(model, first_prompts, steps)
+    return session.generate(steps, SamplingRule(temperature=1.0), key=jax.random.key(0))
+
+  pure()  # compile
+  seconds["pure"], _ = timed(pure)
+  rate = {path: batch * steps / s for path, s in seconds.items()}  # every row runs every turn's decode steps
+  report(f"{name}: pure decode of {steps} tokens per row", rate["pure"], "tok/s")
+  report(f"{name}: host path (re-prefill each turn)", rate["host"], "tok/s", "pure decode", rate["pure"])
+  report(f"{name}: device path (cache across turns)", rate["device"], "tok/s", "pure decode", rate["pure"])
+  report(f"{name}: device path (cache across turns)", rate["device"], "tok/s", "host re-prefill path", rate["host"])
+  print(f"  {name}: the device path costs {100 * (seconds['device'] / seconds['pure'] - 1):+.0f}% over pure decode "
+        f"(target <= +20%), the host path {100 * (seconds['host'] / seconds['pure'] - 1):+.0f}%", flush=True)
 
 
 def iteration_split(model, tokenizer, args):
   """One trainer iteration (after a compiling one), split into its phases."""
-  from ragen_jax.config import load_config_file
   from ragen_jax.trainer import Trainer
   with tempfile.TemporaryDirectory() as workdir:
-    config = load_config_file(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                           "configs/base.py"))
+    config = load_config_file(os.path.join(ROOT, "configs/base.py"))
     config.model.path = str(model.export(os.path.join(workdir, "model"), tokenizer))
     config.workdir = os.path.join(workdir, "run")
     config.rollout.max_turns, config.rollout.max_new_tokens = args.turns, args.new_tokens

@@ -12,8 +12,10 @@ no checkpoint and no transformers peer: what a machine without the bundled model
 With LoRA adapters (rank `--lora-rank` on every projection), the sampler either applies them in the forward or
 decodes with the weights merged first (`models.lora.merge`, counted once per batch as a training iteration would):
 both as tok/s against the plain model in the same run.
-Each batch's decode step is split into attention over the cache, the LM head, sampling and the rest, and one decode
-of `--profile-tokens` tokens is profiled op by op (`bench/profiling.py`).
+Our decode scans the stacked layers (`model.decode_layers` "scan", the default); it is also timed with the layers
+unrolled over weights sliced once per decode ("unrolled"). Each batch's decode step is split into attention over
+the cache, the LM head, sampling and the rest, and one decode of `--profile-tokens` tokens is profiled op by op
+(`bench/profiling.py`).
 """
 
 from __future__ import annotations
@@ -199,6 +201,9 @@ def main():
     roofline, bound = decode_roofline(model.config, n_params, limits, batch, context)
     report(f"decode roofline, batch {batch} ({bound}-bound)", roofline, "tok/s")
     ours = ours_tokens_per_second(model, prompts, args.new_tokens)
+    unrolled = dataclasses.replace(model, config=dataclasses.replace(model.config, decode_layers="unrolled"))
+    report(f"ragen_jax sampler, batch {batch}, layers unrolled", ours_tokens_per_second(unrolled, prompts,
+           args.new_tokens), "tok/s", "scanned (the default)", ours)
     if hf_model is not None:
       hf = hf_tokens_per_second(hf_model, prompts, args.new_tokens, tokenizer.pad_token_id or 0)
       report(f"transformers generate, batch {batch}", hf, "tok/s")

@@ -11,7 +11,8 @@ Same protocol as bench/sampler.py: its chat prompts (`chat_prompts`), `new-token
 (tunix: an EOS id no token has), tok/s = batch * new tokens / best seconds of 2 calls after a warm-up (compile) call,
 both sampling at temperature 1 over the full vocabulary (`ours_tokens_per_second`; tunix: top_p 1). Tunix gets our
 token ids (no re-tokenization), left-padded to our prompt width (a multiple of 8), a KV cache of that width plus
-`new-tokens`, and returns text as well (its decode of the rows is in its time). Both run in this process.
+`new-tokens`, and returns text as well (its decode of the rows is in its time). Both run in this process. Ours
+runs twice: scanning the stacked layers (the default) and unrolled over per-layer weights (`model.decode_layers`).
 
 Tunix's llama3 has no llama-3.1 rope scaling (SmolLM2 has none either), but its attention calls `apply_rope` without
 the config's rope_theta, so it rotates at its default theta 1e6 instead of SmolLM2's 1e5: the model is built with
@@ -172,6 +173,9 @@ def main():
     report(f"tunix Sampler, batch {batch}", theirs, "tok/s")
     mine = ours_tokens_per_second(ours, prompts, args.new_tokens)
     report(f"ragen_jax sampler, batch {batch}", mine, "tok/s", "tunix Sampler", theirs)
+    unrolled = dataclasses.replace(ours, config=dataclasses.replace(ours.config, decode_layers="unrolled"))
+    report(f"ragen_jax sampler, layers unrolled, batch {batch}", ours_tokens_per_second(unrolled, prompts,
+           args.new_tokens), "tok/s", "tunix Sampler", theirs)
   if agreed < args.check_tokens:
     sys.exit(f"tunix and ours agree on only {agreed} of the first {args.check_tokens} greedy tokens")
 

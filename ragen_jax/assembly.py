@@ -23,7 +23,7 @@ from ragen_jax.config import ENV_PARAMS, ConfigError, check, check_one_of, did_y
 from ragen_jax.finite import first_nonfinite
 from ragen_jax.models import CheckpointError, Model, bundled_model_dir, load_pretrained
 from ragen_jax.models import lora as lora_lib
-from ragen_jax.models.config import DTYPES, REMAT
+from ragen_jax.models.config import DECODE_LAYERS, DTYPES, REMAT
 from ragen_jax.models.gguf_convert import bundled_tokenizer_dir
 from ragen_jax.models.hf_io import check_model_dir
 from ragen_jax.models.model import adapter_params
@@ -39,17 +39,19 @@ class ModelSettings:
   """The `model` config section: the checkpoint (`path`: a local HF directory, "" the bundled
   SmolLM2-135M-Instruct, `scratch:tiny` the built-in tiny random model) and how it is computed: `dtype`
   (compute), `param_dtype` (weights and optimizer state), `remat` (what the learner's and scorer's backward
-  keeps of each layer: none, full, dots) and `logits_chunk` (tokens per block of the LM head when scoring;
-  0: all at once). See `models.config.ModelConfig`. `ref_dtype`: the weights of the frozen reference model (the
-  KL loss's), "" = `dtype`; bfloat16 halves a float32 copy. `lora` (`models.lora.LoraConfig`, rank 0: off): train
-  LoRA adapters only, the base weights frozen and shared with the reference; `adapters`: a PEFT adapter directory
-  (a run's `final_adapters/`) to start from instead of fresh adapters."""
+  keeps of each layer: none, full, dots), `logits_chunk` (tokens per block of the LM head when scoring;
+  0: all at once) and `decode_layers` (scan or unrolled). See `models.config.ModelConfig`. `ref_dtype`: the
+  weights of the frozen reference model (the KL loss's), "" = `dtype`; bfloat16 halves a float32 copy. `lora`
+  (`models.lora.LoraConfig`, rank 0: off): train LoRA adapters only, the base weights frozen and shared with the
+  reference; `adapters`: a PEFT adapter directory (a run's `final_adapters/`) to start from instead of fresh
+  adapters."""
 
   path: str = ""
   dtype: str = "float32"
   param_dtype: str = "float32"
   remat: str = "none"
   logits_chunk: int = 0
+  decode_layers: str = "scan"
   ref_dtype: str = ""
   lora: lora_lib.LoraConfig = lora_lib.LoraConfig()
   adapters: str = ""
@@ -62,6 +64,7 @@ class ModelSettings:
     check_one_of("model.dtype", self.dtype, DTYPES)
     check_one_of("model.param_dtype", self.param_dtype, DTYPES)
     check_one_of("model.remat", self.remat, REMAT)
+    check_one_of("model.decode_layers", self.decode_layers, DECODE_LAYERS)
     check_one_of("model.ref_dtype", self.ref_dtype, ("", *DTYPES))
     check("model.logits_chunk", self.logits_chunk >= 0, "must be >= 0 (0: the whole sequence at once)",
           self.logits_chunk)
@@ -73,7 +76,8 @@ class ModelSettings:
   def computation(self) -> dict:
     """The `ModelConfig` fields these settings fix (everything but the path)."""
     return {"dtype": self.dtype, "param_dtype": self.param_dtype, "remat": self.remat,
-            "logits_chunk": self.logits_chunk, "lora": self.lora if self.lora.rank else None}
+            "logits_chunk": self.logits_chunk, "decode_layers": self.decode_layers,
+            "lora": self.lora if self.lora.rank else None}
 
 
 def check_model_and_env(config, env_name: str | None = None) -> None:

@@ -85,6 +85,7 @@ ENUMERATED = {
     "rollout.context_window_mode": ("full", "limited_multi_turn", "single_turn"),
     "model.dtype": ("float32", "bfloat16", "float16"),
     "model.param_dtype": ("float32", "bfloat16", "float16"),
+    "model.decode_layers": ("scan", "unrolled"),
     "env.name": ("sokoban", "frozenlake", "countdown", "math"),
 }
 

@@ -18,6 +18,7 @@ _FAMILIES = {
 }
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 REMAT = ("none", "full", "dots")  # what the backward keeps of each scanned layer (`transformer.remat_policy`)
+DECODE_LAYERS = ("scan", "unrolled")  # how a decode step runs the layers (`transformer.Transformer.__call__`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +31,9 @@ class ModelConfig:
   backward keeps of each scanned layer (`none`: every activation; `full`: only the layer's input, the rest
   recomputed; `dots`: the matmul outputs); `logits_chunk`, tokens per block of the LM head when scoring
   (`scoring.token_logp_and_entropy`; 0: the whole sequence at once), so no [T, vocab] logits exist at once;
+  `decode_layers`, how `sampling.decode` runs the layers: `scan`, each layer's weights sliced out of the stack at
+  every step, or `unrolled`, sliced once per decode (`transformer.unstack_layers`: faster with weights on one
+  device, but sharded weights are then gathered whole);
   `lora`, None or the LoRA adapters (`models.lora.LoraConfig`, rank >= 1) every layer's targeted projections carry.
 
   `rope_scaling` is None or a sorted tuple of (key, value) pairs from HF's dict
@@ -58,6 +62,7 @@ class ModelConfig:
   param_dtype: str = "float32"
   remat: str = "none"
   logits_chunk: int = 0
+  decode_layers: str = "scan"
   lora: LoraConfig | None = None
 
   def __post_init__(self):
@@ -72,6 +77,8 @@ class ModelConfig:
       raise ValueError(f"remat={self.remat!r}; use one of {REMAT}")
     if self.logits_chunk < 0:
       raise ValueError(f"logits_chunk={self.logits_chunk} must be >= 0 (0: no chunks)")
+    if self.decode_layers not in DECODE_LAYERS:
+      raise ValueError(f"decode_layers={self.decode_layers!r}; use one of {DECODE_LAYERS}")
     if self.lora is not None and self.lora.rank < 1:
       raise ValueError(f"lora rank {self.lora.rank}: a config with adapters needs rank >= 1 (no adapters: None)")
     if self.rope_scaling is not None:

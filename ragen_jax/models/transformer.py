@@ -1,7 +1,8 @@
 """Llama / Qwen2 / Qwen3 decoder in Flax Linen, applied through pure functions over params.
 
 One block definition is scanned over layers (`nn.scan`), so parameters are
-stacked with a leading `layers` axis. The KV cache is an explicit argument and
+stacked with a leading `layers` axis; a decode step can instead run the layers
+unrolled over per-layer weights (`unstack_layers`). The KV cache is an explicit argument and
 result; it never lives in a mutable collection. Positions default to
 "number of valid tokens before this one", so left padding, padded chunks and
 cache continuation all give the positions a packed sequence would have.
@@ -279,6 +280,20 @@ class Block(nn.Module):
     return (constrain(x_BTD, ("batch", "length", "act_embed")), cache_kv), None
 
 
+def unstack_layers(params) -> list:
+  """Each layer's weights, sliced out of the stacked `params["layers"]`: `Transformer`'s `layer_params`.
+
+  A decode step that scans the stack slices every layer's weights at every step; XLA:CPU copies them (14% of a
+  SmolLM2-135M decode step at batch 16 in `bench/sampler.py`'s profile). Sliced once per decode (`decode_layers`
+  "unrolled"), they cost one more copy of the layers' weights while it runs (bench/RESULTS.md 2026-12-06: 1.34x
+  tokens/s at batch 1 on one CPU device). With FSDP-sharded weights XLA then gathers every layer at once: the
+  plan of Qwen2.5-3B on 16 v5e (`ragen_jax.plan`) grows the rollout's peak from 10.6 to 21.0 GiB per chip, and
+  its compilation from 55 to 568 s. Hence `scan` is the default.
+  """
+  stacked = params["layers"]
+  return [jax.tree.map(lambda w, i=i: w[i], stacked) for i in range(jax.tree.leaves(stacked)[0].shape[0])]
+
+
 def remat_policy(remat: str):
   """The `jax.checkpoint` policy of `ModelConfig.remat` ("none": None, no rematerialisation)."""
   return {"none": None, "full": jax.checkpoint_policies.nothing_saveable,
@@ -317,12 +332,13 @@ class Transformer(nn.Module):
           bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("value",)))
 
   def __call__(self, tokens_BT, valid_BT=None, cache: KVCache | None = None, positions_BT=None,
-               segment_BT=None, visible_from_BT=None):
+               segment_BT=None, visible_from_BT=None, layer_params=None):
     """Runs the decoder on `tokens_BT`; with `cache`, appends them at `cache.end`.
 
     valid_BT marks real tokens (default: all). Invalid ones are never attended to.
     segment_BT / visible_from_BT (default: 0, everything visible) limit each query's
     context to whole segments (see the module docstring).
+    layer_params: None (the stacked layers, scanned) or `unstack_layers(params)`, run one after another.
     Returns (hidden_BTD, new_cache or None).
     """
     b, t = tokens_BT.shape
@@ -339,7 +355,7 @@ class Transformer(nn.Module):
       slots = jnp.arange(t)
       mask = (valid_BT[:, None, :] & (slots[None, :, None] >= slots[None, None, :])
               & _in_window(segment_BT, visible_from_BT))
-      (x, _), _ = self.layers((x, None), self._layer_ids, positions_BT, mask, 0)
+      x, _ = self._run_layers((x, None), layer_params, positions_BT, mask, 0)
       return self.norm(x), None
 
     write = cache.end
@@ -348,12 +364,17 @@ class Transformer(nn.Module):
     q_slots = write + jnp.arange(t)
     mask = (key_valid[:, None, :] & (q_slots[None, :, None] >= jnp.arange(cache.max_len)[None, None, :])
             & _in_window(key_segment, visible_from_BT))
-    (x, (k, v)), _ = self.layers((x, (cache.k, cache.v)), self._layer_ids, positions_BT, mask, write)
+    x, (k, v) = self._run_layers((x, (cache.k, cache.v)), layer_params, positions_BT, mask, write)
     return self.norm(x), KVCache(k=k, v=v, valid=key_valid, segment=key_segment, end=write + t)
 
-  @property
-  def _layer_ids(self):
-    return jnp.arange(self.config.num_layers, dtype=jnp.int32)
+  def _run_layers(self, carry, layer_params, positions_BT, mask_BTS, write_index):
+    if layer_params is None:
+      layer_ids = jnp.arange(self.config.num_layers, dtype=jnp.int32)
+      return self.layers(carry, layer_ids, positions_BT, mask_BTS, write_index)[0]
+    block = Block(self.config, parent=None)
+    for layer, params in enumerate(layer_params):
+      carry, _ = block.apply({"params": params}, carry, layer, positions_BT, mask_BTS, write_index)
+    return carry
 
   def lm_logits(self, hidden_BTD):
     """float32 logits [B, T, V]."""

@@ -21,7 +21,7 @@ import numpy as np
 
 from ragen_jax.models.config import ModelConfig
 from ragen_jax.models.partitioning import constrain
-from ragen_jax.models.transformer import KVCache, Transformer
+from ragen_jax.models.transformer import KVCache, Transformer, unstack_layers
 from ragen_jax.sampling.rules import SamplingRule, sample
 
 PAD_ID = 0
@@ -81,10 +81,10 @@ def _constrain_cache(cache: KVCache) -> KVCache:
 
 
 def _extend(config: ModelConfig, params, state: SamplerState, tokens_BT, valid_BT, segment_BT=None,
-            visible_from_BT=None) -> SamplerState:
+            visible_from_BT=None, layer_params=None) -> SamplerState:
   module = Transformer(config)
   hidden_BTD, cache = module.apply({"params": params}, tokens_BT, valid_BT, state.cache, segment_BT=segment_BT,
-                                   visible_from_BT=visible_from_BT)
+                                   visible_from_BT=visible_from_BT, layer_params=layer_params)
   # Each row's next-token logits come from its last valid token of this chunk.
   last = jnp.max(jnp.where(valid_BT, jnp.arange(tokens_BT.shape[1]), -1), axis=1)
   hidden_B1D = jnp.take_along_axis(hidden_BTD, jnp.maximum(last, 0)[:, None, None], axis=1)
@@ -147,7 +147,8 @@ def decode(config: ModelConfig, params, state: SamplerState, key, *, rule: Sampl
   Rows with `active_B` False generate nothing. New tokens get segment `segment_B` and
   see segments from `visible_from_B` (default 0: everything; see `models.transformer`).
   Every generated token, the last one included, is written to the cache, so `extend` can continue the conversation.
-  The cache must have `max_new_tokens` free slots (see `check_room`).
+  The cache must have `max_new_tokens` free slots (see `check_room`). `config.decode_layers` "unrolled" runs
+  the layers over weights sliced once, before the loop (`models.transformer.unstack_layers`).
   """
   batch = state.logits_BV.shape[0]
   eos_ids = jnp.asarray(config.eos_token_ids or (-1,), jnp.int32)
@@ -158,6 +159,7 @@ def decode(config: ModelConfig, params, state: SamplerState, key, *, rule: Sampl
   segment_B1 = None if segment_B is None else segment_B[:, None]
   visible_from_B1 = None if visible_from_B is None else visible_from_B[:, None]
   zeros_BN = jnp.zeros((batch, max_new_tokens), jnp.float32)
+  layer_params = unstack_layers(params) if config.decode_layers == "unrolled" else None
   init = _Decoding(state=state, key=key, step=jnp.zeros((), jnp.int32), done_B=done_B, out=Generation(
       tokens_BN=jnp.full((batch, max_new_tokens), PAD_ID, jnp.int32), lengths_B=jnp.zeros((batch,), jnp.int32),
       ended_by_eos_B=jnp.zeros((batch,), bool), ended_by_stop_B=jnp.zeros((batch,), bool),
@@ -181,7 +183,8 @@ def decode(config: ModelConfig, params, state: SamplerState, key, *, rule: Sampl
                      sampling_logp_BN=write(c.out.sampling_logp_BN, jnp.where(active, slp, 0.0)),
                      model_logp_BN=write(c.out.model_logp_BN, jnp.where(active, mlp, 0.0)))
     return _Decoding(
-        state=_extend(config, params, c.state, token[:, None], active[:, None], segment_B1, visible_from_B1),
+        state=_extend(config, params, c.state, token[:, None], active[:, None], segment_B1, visible_from_B1,
+                      layer_params),
         key=key, step=c.step + 1, done_B=c.done_B | eos | stop | (n >= limit_B), out=out)
 
   final = jax.lax.while_loop(cond, body, init)

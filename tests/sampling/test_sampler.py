@@ -75,6 +75,26 @@ def test_cache_continuation_equals_full_prefill_over_three_turns(tiny):
     assert np.max(np.abs(cached - fresh[:, -1])) <= 1e-5 * np.max(np.abs(fresh[:, -1]))
 
 
+def test_unrolled_and_scanned_decode_layers_sample_the_same_turns(tiny):
+  """`decode_layers` "unrolled" against "scan" (the default): same tokens, log-probs and cache over two turns."""
+  _, model = tiny
+  unrolled = dataclasses.replace(model, config=dataclasses.replace(model.config, decode_layers="unrolled"))
+  assert model.config.decode_layers == "scan"
+  outputs = []
+  for m in (unrolled, model):
+    session = SamplingSession.start(m, PROMPTS, max_len=64)
+    first = session.generate(6, SamplingRule(temperature=1.0), key=jax.random.key(0))
+    session.append([[5, 6]] * len(PROMPTS))
+    second = session.generate(6, SamplingRule(temperature=1.0), key=jax.random.key(1))
+    outputs.append(((first, second), session.state))
+  (gens, state), (gens_scan, state_scan) = outputs
+  for gen, gen_scan in zip(gens, gens_scan):
+    np.testing.assert_array_equal(gen.tokens_BN, gen_scan.tokens_BN)
+    np.testing.assert_allclose(gen.model_logp_BN, gen_scan.model_logp_BN, atol=1e-5)
+  np.testing.assert_allclose(state.cache.k, state_scan.cache.k, atol=1e-5)
+  np.testing.assert_allclose(state.logits_BV, state_scan.logits_BV, atol=1e-4)
+
+
 def test_model_logp_is_the_unmodified_model_distribution(tiny):
   _, model = tiny
   session = SamplingSession.start(model, PROMPTS, max_len=64)
@@ -197,9 +217,10 @@ def test_greedy_tokens_same_on_eight_devices(tmp_path):
   save_hf_model("qwen2_bias", tmp_path, initializer_range=0.3)
   prompts = PROMPTS * 2
   single = generate(load_pretrained(tmp_path), prompts, max_new_tokens=8)
-  for shape in ((8, 1, 1), (2, 2, 2), (1, 4, 2)):
-    sharded = load_pretrained(tmp_path, mesh=mesh_lib.make_mesh(*shape))
-    assert generate(sharded, prompts, max_new_tokens=8) == single, shape
+  for shape, decode_layers in (((8, 1, 1), "scan"), ((2, 2, 2), "scan"), ((1, 4, 2), "scan"),
+                                ((2, 2, 2), "unrolled")):
+    sharded = load_pretrained(tmp_path, mesh=mesh_lib.make_mesh(*shape), decode_layers=decode_layers)
+    assert generate(sharded, prompts, max_new_tokens=8) == single, (shape, decode_layers)
 
 
 def test_cache_overflow_fails_clearly(tiny):
