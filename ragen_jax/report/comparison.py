@@ -104,7 +104,8 @@ def plot_curves(path: str, runs: list[dict], env_names, panels=CURVES) -> str:
       ax.set_title(f"{env}: {title}")
       label_iterations(ax)
       ax.grid(alpha=0.3)
-      ax.legend(fontsize=7)
+      if ax.get_legend_handles_labels()[0]:  # a panel no run logged (e.g. MI of a run without diagnostics) has none
+        ax.legend(fontsize=7)
   return _save(fig, path)
 
 
