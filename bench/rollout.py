@@ -40,7 +40,7 @@ from ragen_jax.rollout import prompt  # noqa: E402
 from ragen_jax.rollout.device import device_rollout, slot_layout  # noqa: E402
 from ragen_jax.rollout.episodes import RolloutConfig, build_assets, reset_batch, train_seeds, unbatch  # noqa: E402
 from ragen_jax.rollout.host import host_rollout, reprefill_policy  # noqa: E402
-from ragen_jax.sampling import SamplingRule, SamplingSession  # noqa: E402
+from ragen_jax.sampling import SamplingSession  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -113,7 +113,7 @@ def compare_paths(name: str, model: Model, tokenizer, batch: int, turns: int, ne
 
   def pure():
     session = SamplingSession.for_replies(model, first_prompts, steps)
-    return session.generate(steps, SamplingRule(temperature=1.0), key=jax.random.key(0))
+    return session.generate(steps, config.rule, key=jax.random.key(0))
 
   pure()  # compile
   seconds["pure"], _ = timed(pure)
@@ -121,7 +121,7 @@ def compare_paths(name: str, model: Model, tokenizer, batch: int, turns: int, ne
   report(f"{name}: pure decode of {steps} tokens per row", rate["pure"], "tok/s")
   report(f"{name}: host path (re-prefill each turn)", rate["host"], "tok/s", "pure decode", rate["pure"])
   report(f"{name}: device path (cache across turns)", rate["device"], "tok/s", "pure decode", rate["pure"])
-  report(f"{name}: device path (cache across turns)", rate["device"], "tok/s", "host re-prefill path", rate["host"])
+  report(f"{name}: device path against the host path", rate["device"], "tok/s", "host re-prefill path", rate["host"])
   print(f"  {name}: the device path costs {100 * (seconds['device'] / seconds['pure'] - 1):+.0f}% over pure decode "
         f"(target <= +20%), the host path {100 * (seconds['host'] / seconds['pure'] - 1):+.0f}%", flush=True)
 
