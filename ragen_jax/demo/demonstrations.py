@@ -2,9 +2,10 @@
 
 A scripted policy plays episodes through the host rollout path, so the
 demonstrations have exactly the token layout the model later sees in RL. Each
-reply names the positions that matter and the moves chosen from a BFS plan;
-a share of turns deliberately makes one move only or starts with a habitual wrong
-move (RL then has room to improve).
+reply names the positions that matter and the moves chosen from a BFS plan
+(Bandit: names the two arms and pulls the high-risk one, of the higher mean payout);
+a share of turns deliberately makes one move only or starts with a wrong move,
+habitual or random (RL then has room to improve).
 `format_rows` builds replies with random moves for the first SFT stages, which teach
 the answer to repeat the moves the reasoning chose and the reasoning to read the
 positions off the observation.
@@ -54,8 +55,10 @@ def plan_and_reason(env_name: str, state, action_names) -> tuple[list[int], str]
   """(BFS plan, reasoning text) for one env state: the relevant positions and why the moves.
 
   Sokoban: where the box must go and the plan's next push; FrozenLake: where the goal lies and the
-  holes next to the player.
+  holes next to the player; Bandit: the two arms' names, and the high-risk arm (mean payout 0.25 against 0.1).
   """
+  if env_name == "bandit":
+    return [int(state.high_risk_arm)], f"arms {action_names[0]} and {action_names[1]}."
   row, col = (int(v) for v in np.asarray(state.player_pos))
   if env_name == "sokoban":
     fixed, room = np.asarray(state.room_fixed), np.asarray(state.room_state)
@@ -87,14 +90,19 @@ _COORDINATE = r"\((\d+), (\d+)\)"
 def reply_checks(env_name: str, observation: str, reply: str) -> tuple[bool, bool]:
   """(the reasoning names the observation's positions, the answer repeats the reasoning's moves) of one turn.
 
-  The positions are those of `READ_POSITIONS` (the first listed one where the observation lists several);
-  the moves are those after "So:" in the reply format of `reply_text`.
+  The positions are those of `READ_POSITIONS` (the first listed one where the observation lists several;
+  Bandit: the two arms' names, in the observation's order); the moves are those after "So:" in the reply format
+  of `reply_text`.
   """
-  read = True
-  for named, label in READ_POSITIONS[env_name]:
-    shown = re.search(rf"{label}[a-z ]*: {_COORDINATE}", observation)
-    said = re.search(rf"\b{named} {_COORDINATE}", reply)
-    read = read and bool(shown and said and shown.groups() == said.groups())
+  if env_name == "bandit":
+    shown, said = re.search(r"named (\w+) and (\w+)", observation), re.search(r"\barms (\w+) and (\w+)", reply)
+    read = bool(shown and said and shown.groups() == said.groups())
+  else:
+    read = True
+    for named, label in READ_POSITIONS[env_name]:
+      shown = re.search(rf"{label}[a-z ]*: {_COORDINATE}", observation)
+      said = re.search(rf"\b{named} {_COORDINATE}", reply)
+      read = read and bool(shown and said and shown.groups() == said.groups())
   moves = re.search(r"So: (.*?)\.</think><answer>(.*?)</answer>", reply)
   return read, bool(moves and moves.group(1) == moves.group(2))
 
@@ -171,17 +179,18 @@ class ScriptedReplies:
   model_logp_BN: np.ndarray
 
 
-def solver_policy(env_name: str, action_names, tokenizer, max_new_tokens: int, actions_per_turn: int,
-                  mistake_rate: float, single_move_rate: float = 0.0, habit_move: str = "Up", seed: int = 0):
-  """A host-rollout policy that replies with the solver's next moves.
+def solver_policy(env, env_params, tokenizer, max_new_tokens: int, actions_per_turn: int, mistake_rate: float,
+                  single_move_rate: float = 0.0, habit_move: str = "Up", seed: int = 0):
+  """A host-rollout policy that replies with the solver's next moves in `env` (action names per episode).
 
   Imperfections: a `single_move_rate` share of turns makes only the plan's first move (a hesitant
-  player runs out of turns on longer levels), and a `mistake_rate` share starts with a habit, the move
-  `habit_move` in place of the plan's first move (another wrong move where the plan starts with it).
-  Both survive low-temperature sampling of the SFT policy, so RL has them to unlearn.
+  player runs out of turns on longer levels), and a `mistake_rate` share starts with a wrong move in place of
+  the plan's first move: the habit `habit_move` (another move where the plan starts with it), or with
+  `habit_move` "" another move drawn at random (Bandit, whose actions are the episode's arm names: at 0.5 the
+  arm pulled is a fair coin). The habit survives low-temperature sampling of the SFT policy, so RL has it to
+  unlearn.
   """
   rng = np.random.default_rng(seed)
-  habit = list(action_names).index(habit_move)
 
   def policy(records, active, env_state, key):
     del records, key
@@ -189,12 +198,18 @@ def solver_policy(env_name: str, action_names, tokenizer, max_new_tokens: int, a
     tokens = np.zeros((batch, max_new_tokens), np.int32)
     lengths = np.zeros(batch, np.int32)
     for i in np.flatnonzero(active):
-      plan, reasoning = plan_and_reason(env_name, unbatch(env_state, i), action_names)
+      state = unbatch(env_state, i)
+      names = env.episode_action_names(state, env_params)
+      plan, reasoning = plan_and_reason(env.name, state, names)
       moves = list(plan[:1 if rng.random() < single_move_rate else actions_per_turn]) or [
-          int(rng.integers(len(action_names)))]
+          int(rng.integers(len(names)))]
       if rng.random() < mistake_rate:
-        moves[0] = habit if moves[0] != habit else int(rng.choice([a for a in range(len(action_names)) if a != habit]))
-      ids = tokenizer.encode(reply_text(reasoning, [action_names[a] for a in moves])) + [tokenizer.eos_token_id]
+        habit = names.index(habit_move) if habit_move else None
+        if habit is not None and moves[0] != habit:
+          moves[0] = habit
+        else:  # the plan starts with the habit, or there is no habit: another move, at random
+          moves[0] = int(rng.choice([a for a in range(len(names)) if a != moves[0]]))
+      ids = tokenizer.encode(reply_text(reasoning, [names[a] for a in moves])) + [tokenizer.eos_token_id]
       if len(ids) > max_new_tokens:
         raise ValueError(f"a demonstration reply has {len(ids)} tokens; raise rollout.max_new_tokens")
       tokens[i, :len(ids)], lengths[i] = ids, len(ids)

@@ -63,9 +63,9 @@ def demonstrations(config, env_name, tokenizer):
   env, params = envs.make(env_name)
   rollout = RolloutConfig(**config.rollout.to_dict())
   assets = build_assets(tokenizer, env, params, rollout)
-  policy = solver_policy(env_name, env.action_names(params), tokenizer, rollout.max_new_tokens,
-                         rollout.max_actions_per_turn, config.demo.mistake_rate, config.demo.single_move_rate,
-                         config.demo.habit_move, seed=config.seed)
+  policy = solver_policy(env, params, tokenizer, rollout.max_new_tokens, rollout.max_actions_per_turn,
+                         config.demo.mistake_rate, config.demo.single_move_rate, config.demo.habit_move,
+                         seed=config.seed)
   count = config.demo.sft_episodes
   traj = host_rollout(policy, env, params, assets, rollout, np.arange(DEMO_SEED_BASE, DEMO_SEED_BASE + count),
                       np.arange(count), jax.random.PRNGKey(config.seed), seq_len=slot_layout(assets, rollout)[2])
@@ -112,9 +112,11 @@ def sft_schedule(config, env_names, kind: str = "demo"):
     raise config_lib.ConfigError(f"demo.sft_warmup_steps, demo.sft_decay_steps: {error}") from error
   for name in env_names:
     env, params = envs.make(name)
-    if config.demo.habit_move not in env.action_names(params):
-      raise config_lib.ConfigError(f"demo.habit_move {config.demo.habit_move!r} is not a {name} action "
-                                   f"({', '.join(env.action_names(params))})")
+    actions = env.action_names(params)
+    if config.demo.habit_move and config.demo.habit_move not in (actions or ()):
+      raise config_lib.ConfigError(
+          f"demo.habit_move {config.demo.habit_move!r} is not a {name} action "
+          + (f"({', '.join(actions)})" if actions else "(its actions are each episode's own: set it to '')"))
   return schedule
 
 

@@ -58,7 +58,7 @@ def test_solver_replies_follow_the_plan_with_the_asked_imperfections(tokenizer, 
   env, params = envs.make("sokoban")
   names = env.action_names(params)
   states = reset_batch(env, params, jnp.arange(12))
-  policy = solver_policy("sokoban", names, tokenizer, 64, 2, mistake_rate, single_move_rate, seed=0)
+  policy = solver_policy(env, params, tokenizer, 64, 2, mistake_rate, single_move_rate, seed=0)
   replies = policy(None, np.ones(12, bool), states, None)
   for i in range(12):
     plan, _ = plan_and_reason("sokoban", unbatch(states, i), names)
@@ -74,6 +74,24 @@ def test_solver_replies_follow_the_plan_with_the_asked_imperfections(tokenizer, 
       assert moves[0] != expected[0], text
 
 
+@pytest.mark.parametrize("mistake_rate", [0.0, 0.5])
+def test_bandit_solver_names_the_arms_and_pulls_the_high_risk_one_or_a_random_one(tokenizer, mistake_rate):
+  env, params = envs.make("bandit")
+  states = reset_batch(env, params, jnp.arange(64))
+  policy = solver_policy(env, params, tokenizer, 64, 1, mistake_rate, habit_move="", seed=0)
+  replies = policy(None, np.ones(64, bool), states, None)
+  high_risk = []
+  for i in range(64):
+    state = unbatch(states, i)
+    a, b = env.episode_action_names(state, params)
+    text = tokenizer.decode(replies.tokens_BN[i, :replies.lengths_B[i]], skip_special_tokens=True)
+    pulled = text.split("<answer>")[1].split("</answer>")[0]
+    assert text.startswith(f"arms {a} and {b}. So: {pulled}.") and pulled in (a, b), text
+    high_risk.append(pulled == (a, b)[int(state.high_risk_arm)])
+  # mistakes swap the arm: a fair coin at 0.5 (64 draws: 0.5 +- 0.19 at 3 standard deviations)
+  assert np.mean(high_risk) == 1.0 if not mistake_rate else 0.31 < np.mean(high_risk) < 0.69
+
+
 def test_reply_checks_compare_the_reasoning_with_the_observation():
   observation = "Start: (3, 2)\nGoal: (2, 1)\nPlayer in hole: (1, 0)\nHoles: (1, 0)\n"
   right = "player (1, 0), goal (2, 1) is 1 down 1 right, holes near none. So: Down || Right.</think><answer>"
@@ -87,16 +105,23 @@ def test_reply_checks_compare_the_reasoning_with_the_observation():
   assert reply_checks("sokoban", sokoban, reply + "<answer>Left</answer>") == (True, True)
   assert reply_checks("sokoban", sokoban, reply.replace("player (2, 4)", "player (2, 2)") + "<answer>Left</answer>") \
       == (False, True)
+  bandit = "1. There are 2 arms, named Pirate and Farmer\n2. Each arm"
+  assert reply_checks("bandit", bandit, "arms Pirate and Farmer. So: Farmer.</think><answer>Farmer</answer>") \
+      == (True, True)
+  assert reply_checks("bandit", bandit, "arms Farmer and Pirate. So: Farmer.</think><answer>Pirate</answer>") \
+      == (False, False)
 
 
+@pytest.mark.parametrize("env_name", ["frozenlake", "bandit"])
 @pytest.mark.parametrize("reasoning_of", ["own", "other"])
-def test_reading_rates_of_solver_rollouts(tokenizer, reasoning_of):
-  """Every solver turn names its own observation's positions; reasoning about other episodes mostly does not."""
-  env, params = envs.make("frozenlake")
-  names = env.action_names(params)
+def test_reading_rates_of_solver_rollouts(tokenizer, env_name, reasoning_of):
+  """Every solver turn names its own observation's positions (Bandit: arms); reasoning about other episodes
+  mostly does not."""
+  env, params = envs.make(env_name)
   config = RolloutConfig(max_turns=3, max_new_tokens=64)
   assets = build_assets(tokenizer, env, params, config)
-  solver = solver_policy("frozenlake", names, tokenizer, 64, 2, mistake_rate=0.5, single_move_rate=0.5, seed=0)
+  solver = solver_policy(env, params, tokenizer, 64, 2, mistake_rate=0.5, single_move_rate=0.5,
+                         habit_move="Up" if env_name == "frozenlake" else "", seed=0)
   shift = 0 if reasoning_of == "own" else 1
 
   def policy(records, active, state, key):  # replies about the state of episode i - shift
@@ -104,7 +129,7 @@ def test_reading_rates_of_solver_rollouts(tokenizer, reasoning_of):
 
   traj = host_rollout(policy, env, params, assets, config, np.arange(16), np.arange(16), jax.random.key(0),
                       seq_len=slot_layout(assets, config)[2])
-  rates = reading_rates("frozenlake", jax.tree.map(np.asarray, traj), tokenizer)
+  rates = reading_rates(env_name, jax.tree.map(np.asarray, traj), tokenizer)
   assert rates["answer_follows_reasoning"] == 1.0
   if reasoning_of == "own":
     assert rates["positions_read"] == 1.0

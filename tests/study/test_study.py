@@ -1,5 +1,6 @@
 """`python -m ragen_jax.study`: the grids, a two-iteration study that writes every file, resuming, the summaries."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -28,11 +29,22 @@ def test_default_grids_are_the_issues_and_valid():
   assert {"filter.enabled", "filter.value", "algorithm.entropy_coef", "algorithm.kl_coef", "train.actor_lr"} <= varied
   assert any("degrades" in s for s in CORRELATION_SETTINGS)
   assert all(len({r.name for r in rs}) == len(rs) for rs in runs.values())  # a file name per run of a study
-  for run in runs["correlation"] + runs["collapse"] + study_runs(study, "pretrained"):
+  for run in runs["correlation"] + runs["collapse"]:
     read_settings(runner.run_config(config, run))
-  [pretrained] = study_runs(study, "pretrained")  # the bundled model, its SFT settings valid
-  assert pretrained.overrides["model.path"] == "" and pretrained.warm_start == "pretrained"
-  sft_schedule(runner.warm_start_config(config, pretrained), [pretrained.env], "pretrained")
+  for env in ("frozenlake", "bandit"):  # the bundled model, its RL and SFT settings valid on either
+    [pretrained] = study_runs(dataclasses.replace(study, pretrained_env=env), "pretrained")
+    assert pretrained.env == env and pretrained.overrides["model.path"] == "" and pretrained.warm_start == "pretrained"
+    read_settings(runner.run_config(config, pretrained))
+    sft_schedule(runner.warm_start_config(config, pretrained), [env], "pretrained")
+  assert pretrained.overrides["rollout.max_turns"] == 1 and pretrained.overrides["demo.habit_move"] == ""
+  habitual = runner.warm_start_config(config, pretrained)
+  habitual.demo.habit_move = "Up"
+  with pytest.raises(ConfigError, match="demo.habit_move 'Up' is not a bandit action .its actions are each episode"):
+    sft_schedule(habitual, ["bandit"], "pretrained")
+  with pytest.raises(ConfigError, match="study.pretrained_env='lightsout'"):
+    StudyConfig(pretrained_env="lightsout")
+  with pytest.raises(ConfigError, match="study.collapse_env='bandit'"):  # the demo's warm start has no Bandit
+    StudyConfig(collapse_env="bandit")
   with pytest.raises(ConfigError, match="study.names='bogus'"):
     StudyConfig(names="filter,bogus")
   with pytest.raises(ConfigError, match="study.only='rho_0.3' is not one of"):
@@ -120,7 +132,8 @@ def test_collapse_timing_and_false_alarms():
   assert "| 10 | 4 | 6 | 1.00 → 0.50 | 0.800 → 0.200 (0.100) | +5% |" in body[2]
 
 
-def test_pretrained_substudy_fine_tunes_the_checkpoint_in_its_own_template(tmp_path, monkeypatch):
+@pytest.mark.parametrize("env", ["frozenlake", "bandit"])
+def test_pretrained_substudy_fine_tunes_the_checkpoint_in_its_own_template(tmp_path, monkeypatch, env):
   import transformers
   from safetensors.numpy import load_file
 
@@ -132,7 +145,7 @@ def test_pretrained_substudy_fine_tunes_the_checkpoint_in_its_own_template(tmp_p
   save_scratch_model(tokenizer, tmp_path / "checkpoint", hidden_size=32, num_layers=1)
   config = shortened("study", tmp_path / "study")
   config.rollout.max_turns = 1
-  config.study.update(names="pretrained", pretrained_env="frozenlake", pretrained_model=str(tmp_path / "checkpoint"))
+  config.study.update(names="pretrained", pretrained_env=env, pretrained_model=str(tmp_path / "checkpoint"))
   monkeypatch.setattr(studies, "PRETRAINED", {"demo.sft_episodes": 4, "demo.sft_steps": 3, "demo.sft_batch_size": 2,
                                               "rollout.max_new_tokens": 48, "filter.enabled": True})
   demonstrated, ran = [], []
@@ -159,8 +172,10 @@ def test_pretrained_substudy_fine_tunes_the_checkpoint_in_its_own_template(tmp_p
   monkeypatch.setattr(stages, "demonstrations", demonstrations)
   monkeypatch.setattr(runner, "reinforce_run", fake_run)
   results = runner.run_study(config)
-  warm = tmp_path / "study/warm_start/frozenlake-pretrained"
-  assert all("<|im_start|>assistant\n<think>" in text for text in demonstrated)  # the checkpoint's own template
+  warm = tmp_path / f"study/warm_start/{env}-pretrained"
+  # the checkpoint's own template; Bandit's replies name the two arms
+  assert all(f"<|im_start|>assistant\n<think>{'arms ' if env == 'bandit' else 'player ('}" in text
+             for text in demonstrated)
   saved = json.loads((warm / "warm_start.json").read_text())
   assert saved["settings"]["model.path"] == str(tmp_path / "checkpoint") and saved["settings"]["demo.sft_steps"] == 3
   tuned = transformers.AutoTokenizer.from_pretrained(warm / "sft_model")
