@@ -281,11 +281,12 @@ class Trainer:
       return self.state.policy
     return self._merge(self.base, self.state.policy)
 
-  def validation_rollout(self) -> Trajectories:
-    """One episode per fixed validation seed, with the same sampling key every time."""
+  def validation_rollout(self, source=None) -> Trajectories:
+    """One episode per fixed validation seed, with the same sampling key every time; `source`: another rollout
+    source of this policy (`assembly.build_source`, e.g. of held-out env params), default the training one."""
     seeds = self.settings.train.val_seeds()
-    return self.exp.source.run(self.rollout_params(), seeds, np.arange(len(seeds)),
-                               jax.random.PRNGKey(self.settings.train.val_seed_start), split="validation")
+    return (source or self.exp.source).run(self.rollout_params(), seeds, np.arange(len(seeds)),
+                                           jax.random.PRNGKey(self.settings.train.val_seed_start), split="validation")
 
   def validate(self) -> dict[str, float]:
     """Validation metrics; the trajectories are kept in `last_validation`."""

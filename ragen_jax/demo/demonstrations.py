@@ -80,31 +80,26 @@ def plan_and_reason(env_name: str, state, action_names) -> tuple[list[int], str]
   raise ValueError(f"no demonstrations for environment {env_name!r}")
 
 
-# per environment, (the reasoning's name, the observation's label) of the positions a reply must read
-READ_POSITIONS = {"sokoban": (("player", "Player"), ("box", "Boxes")),
-                  "frozenlake": (("player", "Player"), ("goal", "Goal"))}
-READING_KEYS = ("positions_read", "answer_follows_reasoning")  # what `reading_rates` returns
 _COORDINATE = r"\((\d+), (\d+)\)"
+# per environment, (observation pattern, reasoning pattern) pairs: a reply reads its observation when each pair
+# matches with the same groups (Sokoban and FrozenLake: positions, the first listed one where the observation
+# lists several; Bandit: the two arms' names, in the observation's order)
+READ_PATTERNS = {"sokoban": ((rf"Player[a-z ]*: {_COORDINATE}", rf"\bplayer {_COORDINATE}"),
+                             (rf"Boxes[a-z ]*: {_COORDINATE}", rf"\bbox {_COORDINATE}")),
+                 "frozenlake": ((rf"Player[a-z ]*: {_COORDINATE}", rf"\bplayer {_COORDINATE}"),
+                                (rf"Goal[a-z ]*: {_COORDINATE}", rf"\bgoal {_COORDINATE}")),
+                 "bandit": ((r"named (\w+) and (\w+)", r"\barms (\w+) and (\w+)"),)}
+READING_KEYS = ("positions_read", "answer_follows_reasoning")  # what `reading_rates` returns
 
 
 def reply_checks(env_name: str, observation: str, reply: str) -> tuple[bool, bool]:
-  """(the reasoning names the observation's positions, the answer repeats the reasoning's moves) of one turn.
-
-  The positions are those of `READ_POSITIONS` (the first listed one where the observation lists several;
-  Bandit: the two arms' names, in the observation's order); the moves are those after "So:" in the reply format
-  of `reply_text`.
+  """(the reasoning names what `READ_PATTERNS` reads off the observation, the answer repeats the reasoning's
+  moves) of one turn. The moves are those after "So:" in the reply format of `reply_text`.
   """
-  if env_name == "bandit":
-    shown, said = re.search(r"named (\w+) and (\w+)", observation), re.search(r"\barms (\w+) and (\w+)", reply)
-    read = bool(shown and said and shown.groups() == said.groups())
-  else:
-    read = True
-    for named, label in READ_POSITIONS[env_name]:
-      shown = re.search(rf"{label}[a-z ]*: {_COORDINATE}", observation)
-      said = re.search(rf"\b{named} {_COORDINATE}", reply)
-      read = read and bool(shown and said and shown.groups() == said.groups())
+  matches = [(re.search(shown, observation), re.search(said, reply)) for shown, said in READ_PATTERNS[env_name]]
   moves = re.search(r"So: (.*?)\.</think><answer>(.*?)</answer>", reply)
-  return read, bool(moves and moves.group(1) == moves.group(2))
+  return (all(a and b and a.groups() == b.groups() for a, b in matches),
+          bool(moves and moves.group(1) == moves.group(2)))
 
 
 def reading_rates(env_name: str, traj, tokenizer) -> dict[str, float]:

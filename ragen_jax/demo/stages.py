@@ -16,7 +16,7 @@ import envs
 from ragen_jax import config as config_lib
 from ragen_jax import mesh as mesh_lib
 from ragen_jax import paths
-from ragen_jax.assembly import build_mesh, load_model
+from ragen_jax.assembly import build_mesh, build_source, load_model
 from ragen_jax.demo.demonstrations import corpus, format_rows, plan_and_reason, reading_rates, solver_policy
 from ragen_jax.models import init_params
 from ragen_jax.models.hf_io import export_hf
@@ -185,12 +185,14 @@ def reading_metrics(env_name, traj, tokenizer) -> dict[str, float]:
   return {f"val/{key}": value for key, value in reading_rates(env_name, host_traj, tokenizer).items()}
 
 
-def reinforce(config, env_name, sft_dir, workdir):
+def reinforce(config, env_name, sft_dir, workdir, heldout_params: dict | None = None):
   """RL on `env_name` from the SFT model; returns (trainer, validation before RL, final metrics).
 
   The final metrics hold the validation after RL and `val/gain`, `val/gain_se`: the paired change in
   success over the fixed validation seeds and its standard error. Both validations carry `reading_metrics`:
   how often the reasoning names the observed positions and the answer repeats the reasoning's moves.
+  With `heldout_params` (env params, e.g. Bandit's {"name_pool": "test"}), the same seeds are also played with
+  those params before and after RL: `heldout/` metrics, with `heldout/gain` and `heldout/gain_se` in the final ones.
   """
   rl_config = copy.deepcopy(config)
   rl_config.env.name = env_name
@@ -202,6 +204,13 @@ def reinforce(config, env_name, sft_dir, workdir):
   trainer = Trainer.create(rl_config)
   before = trainer.validation_rollout()
   start = rollout_metrics(before, "val") | reading_metrics(env_name, before, trainer.exp.tokenizer)
+  if heldout_params:
+    heldout_config = copy.deepcopy(rl_config)
+    with heldout_config.unlocked():  # the command line's config is locked; env params are free-form
+      heldout_config.env.params.update(heldout_params)
+    heldout = build_source(heldout_config, trainer.settings.rollout, trainer.exp.model, trainer.exp.tokenizer)
+    heldout_before = trainer.validation_rollout(heldout)
+    start |= rollout_metrics(heldout_before, "heldout")
   log(f"{env_name}: SFT policy validation success {start['val/success']:.3f}; RL for {config.train.iterations} "
       f"iterations ({config.train.env_groups} groups x {config.train.group_size})")
   final = trainer.run()
@@ -216,6 +225,12 @@ def reinforce(config, env_name, sft_dir, workdir):
       f"positions in {start['val/positions_read']:.0%} -> {final['val/positions_read']:.0%} of turns, the answer "
       f"repeats its moves in {start['val/answer_follows_reasoning']:.0%} -> "
       f"{final['val/answer_follows_reasoning']:.0%}")
+  if heldout_params:
+    heldout_after = trainer.validation_rollout(heldout)
+    gain, gain_se = paired_gain(mesh_lib.fetch(heldout_before.success), mesh_lib.fetch(heldout_after.success))
+    final |= rollout_metrics(heldout_after, "heldout") | {"heldout/gain": gain, "heldout/gain_se": gain_se}
+    log(f"{env_name}: held-out validation ({heldout_params}) success {start['heldout/success']:.3f} -> "
+        f"{final['heldout/success']:.3f}, gain {gain:+.3f} +- {gain_se:.3f}")
   return trainer, start, final
 
 

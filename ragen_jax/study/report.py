@@ -134,21 +134,34 @@ def collapse_results(records: list[dict], others: list[dict]) -> tuple[dict, lis
       ("curves.png", "validation success, MI z-score, entropy, kept ratio and retrieval accuracy over iterations")]
 
 
+def _heldout_cell(record: dict) -> str:
+  heldout = record.get("heldout")
+  if not heldout:
+    return "-"
+  return (f"{heldout['sft_val_success']:.3f} → {heldout['final_val_success']:.3f} "
+          f"({heldout['gain']:+.3f} ± {heldout['gain_se']:.3f})")
+
+
 def pretrained_results(records: list[dict]) -> tuple[dict, list[str], list]:
-  """Per run: success after the format warm start and after RL, the paired gain in standard errors, and the MI
-  diagnostics of the model's reasoning first → last."""
-  runs, lines = {}, ["| run | after SFT | after RL | peak | gain over warm start | gain / s.e. | MI z-score | "
-                     "retrieval accuracy (chance) | minutes |", "|---" * 9 + "|"]
+  """Per run: success after the format warm start and after RL, the paired gain in standard errors, the held-out
+  validation's success before → after RL (`studies.HELDOUT_PARAMS`), and the MI diagnostics of the model's
+  reasoning first → last."""
+  runs, lines = {}, ["| run | after SFT | after RL | peak | gain over warm start | gain / s.e. | held-out: after SFT → "
+                     "after RL (gain) | MI z-score | retrieval accuracy (chance) | minutes |", "|---" * 10 + "|"]
   for r in records:
     (z0, z1), (a0, a1) = (_first_last(r, key) for key in (MI_KEY, RETRIEVAL_KEY))
     ratio = r["gain"] / r["gain_se"] if r["gain_se"] else None
     runs[r["name"]] = {"gain_in_se": ratio, "learned": ratio is not None and ratio > HEALTHY_SE}
     lines.append(f"| {r['name']} | {r['sft_val_success']:.3f} | {r['final_val_success']:.3f} | "
                  f"{r['best_val_success']:.3f} | {r['gain']:+.3f} ± {r['gain_se']:.3f} | {_num(ratio, 1, '+')} | "
-                 f"{_num(z0, 2)} → {_num(z1, 2)} | {_num(a0)} → {_num(a1)} ({_num(r['final_retrieval_chance'])}) | "
-                 f"{r['minutes']:.0f} |")
+                 f"{_heldout_cell(r)} | {_num(z0, 2)} → {_num(z1, 2)} | {_num(a0)} → {_num(a1)} "
+                 f"({_num(r['final_retrieval_chance'])}) | {r['minutes']:.0f} |")
+  heldout = {json.dumps(r["heldout"]["params"]) for r in records if r.get("heldout")}
   lines += ["", f"Learned: success after RL above the warm start by more than {HEALTHY_SE:g} standard errors of the "
             "paired per-seed change over the fixed validation seeds."]
+  if heldout:
+    lines += ["", f"Held-out: the same validation seeds played with env params {', '.join(sorted(heldout))} "
+              "(`studies.HELDOUT_PARAMS`)."]
   return {"runs": runs}, lines, [("curves.png", "validation success, MI z-score, entropy, kept ratio and retrieval "
                                                 "accuracy over iterations")]
 

@@ -20,6 +20,7 @@ from ragen_jax.config import ConfigError
 from ragen_jax.demo.stages import log, pretrained_warm_start, reinforce, sft_schedule, warm_start
 from ragen_jax.report.comparison import run_summary
 from ragen_jax.report.writer import read_metrics
+from ragen_jax.study import studies
 from ragen_jax.study.report import STUDY_CURVES, write_study
 from ragen_jax.study.studies import Run, StudyConfig, study_runs
 from ragen_jax.trainer import read_settings
@@ -89,13 +90,18 @@ def _last(rows: list[dict], key: str) -> float | None:
 def reinforce_run(config, run: Run, sft_dir: str, study_dir: str) -> dict:
   """RL of `run` from `sft_dir`; returns its summary."""
   clock = time.time()
-  trainer, start, final = reinforce(run_config(config, run), run.env, sft_dir, paths.join(study_dir, "rl", run.name))
+  heldout = studies.HELDOUT_PARAMS.get(run.env)
+  trainer, start, final = reinforce(run_config(config, run), run.env, sft_dir, paths.join(study_dir, "rl", run.name),
+                                    heldout)
   rows = read_metrics(trainer.workdir)
   return ({"name": run.name, "env": run.env, "setting": run.setting, "seed": run.seed, "overrides": run.overrides,
            "iterations": trainer.iteration, "early_stop": bool(final.get("early_stop", 0.0)),
            "sft_val_success": start["val/success"], "final_val_success": final["val/success"],
            "best_val_success": trainer.best_val_success, "gain": final["val/gain"], "gain_se": final["val/gain_se"],
-           "alarm_steps": [r["step"] for r in rows if r.get("collapse/alarm")]}
+           "alarm_steps": [r["step"] for r in rows if r.get("collapse/alarm")],
+           "heldout": None if heldout is None else {"params": heldout, "sft_val_success": start["heldout/success"],
+                                                   "final_val_success": final["heldout/success"],
+                                                   "gain": final["heldout/gain"], "gain_se": final["heldout/gain_se"]}}
           | {name: _last(rows, key) for name, key in LAST_VALUES.items()}
           | run_summary(rows, start["val/success"], STUDY_CURVES) | {"minutes": (time.time() - clock) / 60})
 

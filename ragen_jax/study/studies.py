@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 
 from ragen_jax.config import check, check_one_of
-from ragen_jax.demo.demonstrations import READ_POSITIONS
 from ragen_jax.report.comparison import SETTINGS
 
 FILTER_SETTINGS = {name: {"filter.enabled": enabled} for name, enabled in SETTINGS.items()}
@@ -52,7 +51,11 @@ PRETRAINED_ENVS = {"frozenlake": {},
                    "bandit": {"rollout.max_turns": 1, "rollout.max_actions_per_turn": 1, "demo.mistake_rate": 0.5,
                               "demo.habit_move": "", "demo.single_move_rate": 0.0, "train.env_groups": 4,
                               "train.iterations": 15, "train.val_every": 5, "train.val_episodes": 256}}
+# Per environment, the env params of a held-out validation of each of its runs, before and after RL on the same
+# seeds (`demo.stages.reinforce`): Bandit's test pool of arm names, seen in neither the warm start nor RL.
+HELDOUT_PARAMS = {"bandit": {"name_pool": "test"}}
 PRETRAINED_SETTING = "pretrained_snr_filter"
+SCRATCH_ENVS = ("sokoban", "frozenlake")  # the envs whose demo warm start learns to read (the other sub-studies)
 STUDIES = ("filter", "correlation", "collapse", "pretrained")
 
 
@@ -82,10 +85,9 @@ class StudyConfig:
     for name in self.study_names:
       check_one_of("study.names", name, STUDIES)
     for key, env in [("filter_envs", e) for e in self.filter_envs.split(",")] + [
-        ("correlation_env", self.correlation_env), ("collapse_env", self.collapse_env),
-        ("pretrained_env", self.pretrained_env)]:
-      # the envs the demo's warm start learns, and those a pretrained model's format warm start can use
-      check_one_of(f"study.{key}", env, PRETRAINED_ENVS if key == "pretrained_env" else READ_POSITIONS)
+        ("correlation_env", self.correlation_env), ("collapse_env", self.collapse_env)]:
+      check_one_of(f"study.{key}", env, SCRATCH_ENVS)
+    check_one_of("study.pretrained_env", self.pretrained_env, PRETRAINED_ENVS)
     for setting in filter(None, self.only.split(",")):
       check_one_of("study.only", setting,
                    {**FILTER_SETTINGS, **CORRELATION_SETTINGS, **COLLAPSE_SETTINGS, PRETRAINED_SETTING: PRETRAINED})

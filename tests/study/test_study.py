@@ -14,7 +14,7 @@ from ragen_jax.report import comparison
 from ragen_jax.study import runner, studies
 from ragen_jax.study.report import PREDICTORS, collapse_results, collapse_timing, filter_results
 from ragen_jax.study.studies import CORRELATION_SETTINGS, StudyConfig, study_runs
-from ragen_jax.trainer import read_settings
+from ragen_jax.trainer import Trainer, read_settings
 from tests.demo.test_demo import ROOT, shortened
 
 
@@ -57,12 +57,27 @@ def test_two_iteration_study_writes_every_file_and_resumes(tmp_path, monkeypatch
                       collapse_env="frozenlake", filter_seeds=1, correlation_seeds=1, collapse_seeds=1,
                       only="snr_filter", bootstrap=50)
   config.train.checkpoint_every = 0
+  played = []  # the env params of each validation
+
+  def validation_rollout(trainer, source=None):
+    played.append((source or trainer.exp.source).env_params)
+    return real_validation(trainer, source)
+
+  real_validation = Trainer.validation_rollout
+  monkeypatch.setattr(Trainer, "validation_rollout", validation_rollout)
+  monkeypatch.setattr(studies, "HELDOUT_PARAMS", {"frozenlake": {"p_frozen": 0.5}})
+  config.lock()  # as the command line's
   runner.run_study(config)  # one real two-iteration run
+  # before RL: the validation, then the held-out one; after: the validation of iteration 2, then the held-out one
+  assert [params.p_frozen for params in played] == [0.9, 0.5, 0.9, 0.5]
   assert (tmp_path / "warm_start/frozenlake/sft_model/model.safetensors").is_file()
   assert (tmp_path / "filter/rl/frozenlake-snr_filter-s0/metrics.jsonl").is_file()
   record = json.loads((tmp_path / "filter/runs/frozenlake-snr_filter-s0.json").read_text())
   assert 0.0 <= record["final_val_success"] <= 1.0 and record["final_mi_zscore"] is not None
   assert record["curves"]["collapse/trajectory/retrieval_accuracy"] and record["minutes"] > 0
+  heldout = record["heldout"]
+  assert heldout["params"] == {"p_frozen": 0.5} and 0.0 <= heldout["final_val_success"] <= 1.0
+  assert heldout["gain"] == pytest.approx(heldout["final_val_success"] - heldout["sft_val_success"])
   changed = config.copy_and_resolve_references()
   changed.demo.sft_steps += 1
   with pytest.raises(ConfigError, match=r"other settings \(1 differ, e.g. demo.sft_steps \d+ now \d+\)"):
@@ -157,9 +172,12 @@ def test_pretrained_substudy_fine_tunes_the_checkpoint_in_its_own_template(tmp_p
 
   def fake_run(config, run, sft_dir, study_dir):  # the RL itself is every sub-study's (the test above)
     ran.append((run, sft_dir))
+    heldout = studies.HELDOUT_PARAMS.get(run.env)  # the real RL's record (the two-iteration test above)
     return _record(run.env, run.setting, run.seed, 0.3, 0.35, 0.1, name=run.name, sft_val_success=0.2, minutes=1.0,
                    curves={"collapse/trajectory/mi_zscore": [[1, 1.0], [2, 0.5]],
-                           "collapse/trajectory/retrieval_accuracy": [[1, 0.9], [2, 0.8]]})
+                           "collapse/trajectory/retrieval_accuracy": [[1, 0.9], [2, 0.8]]},
+                   heldout=heldout and {"params": heldout, "sft_val_success": 0.25, "final_val_success": 0.5,
+                                        "gain": 0.25, "gain_se": 0.05})
 
   drawn, real_save = {}, comparison._save
 
@@ -185,6 +203,9 @@ def test_pretrained_substudy_fine_tunes_the_checkpoint_in_its_own_template(tmp_p
   [(run, sft_dir)] = ran
   assert run.overrides["model.path"] == str(tmp_path / "checkpoint") and sft_dir == str(warm / "sft_model")
   assert results["pretrained"]["summary"]["runs"][run.name] == {"gain_in_se": 10.0, "learned": True}
-  assert f"| {run.name} | 0.200 | 0.300 | 0.350 | +0.100 ± 0.010 | +10.0 | 1.00 → 0.50 | 0.900 → 0.800 (0.100) | 1 |" \
-      in (tmp_path / "study/pretrained/report.md").read_text()
+  report = (tmp_path / "study/pretrained/report.md").read_text()
+  heldout = "0.250 → 0.500 (+0.250 ± 0.050)" if env == "bandit" else "-"  # Bandit's unseen arm names
+  assert (f"| {run.name} | 0.200 | 0.300 | 0.350 | +0.100 ± 0.010 | +10.0 | {heldout} | 1.00 → 0.50 | "
+          "0.900 → 0.800 (0.100) | 1 |") in report
+  assert ('env params {"name_pool": "test"}' in report) == (env == "bandit")
   assert drawn["curves.png"] == 4  # the two curves the run has, each a seed line and a mean, in its own colour
