@@ -36,6 +36,7 @@ def get_config():
   c.demo.mistake_rate = 0.3       # share of demonstration turns that start with the habitual move
   c.demo.habit_move = "Up"        # (a wrong move where the plan starts otherwise; RL unlearns the habit)
   c.demo.single_move_rate = 0.6   # share of demonstration turns with only the plan's first move
+  c.demo.template_rate = 0.0      # share of demonstration turns with input-agnostic reasoning (study: collapse)
 
   c.rollout.max_turns = 3
   c.rollout.max_new_tokens = 32

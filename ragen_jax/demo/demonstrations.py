@@ -174,8 +174,16 @@ class ScriptedReplies:
   model_logp_BN: np.ndarray
 
 
+# input-agnostic reasoning per environment: what a `template_rate` share of demonstration turns say in place of
+# the positions they read (a warm start with some template collapse already in it, for RL to grow or shrink)
+TEMPLATES = {"sokoban": ("the box must reach the target.", "push the box toward the target.",
+                         "walk around the box first.", "keep the box away from the walls."),
+             "frozenlake": ("the goal is across the lake.", "walk toward the goal.", "stay away from the holes.",
+                            "step carefully on the ice.")}
+
+
 def solver_policy(env, env_params, tokenizer, max_new_tokens: int, actions_per_turn: int, mistake_rate: float,
-                  single_move_rate: float = 0.0, habit_move: str = "Up", seed: int = 0):
+                  single_move_rate: float = 0.0, habit_move: str = "Up", seed: int = 0, template_rate: float = 0.0):
   """A host-rollout policy that replies with the solver's next moves in `env` (action names per episode).
 
   Imperfections: a `single_move_rate` share of turns makes only the plan's first move (a hesitant
@@ -183,7 +191,8 @@ def solver_policy(env, env_params, tokenizer, max_new_tokens: int, actions_per_t
   the plan's first move: the habit `habit_move` (another move where the plan starts with it), or with
   `habit_move` "" another move drawn at random (Bandit, whose actions are the episode's arm names: at 0.5 the
   arm pulled is a fair coin). The habit survives low-temperature sampling of the SFT policy, so RL has it to
-  unlearn.
+  unlearn. A `template_rate` share of turns reasons with one of the env's `TEMPLATES`, drawn at random, in place
+  of the positions; their moves are the same.
   """
   rng = np.random.default_rng(seed)
 
@@ -196,6 +205,8 @@ def solver_policy(env, env_params, tokenizer, max_new_tokens: int, actions_per_t
       state = unbatch(env_state, i)
       names = env.episode_action_names(state, env_params)
       plan, reasoning = plan_and_reason(env.name, state, names)
+      if template_rate and rng.random() < template_rate:  # no draw at 0: the demonstrations stay the same
+        reasoning = TEMPLATES[env.name][int(rng.integers(len(TEMPLATES[env.name])))]
       moves = list(plan[:1 if rng.random() < single_move_rate else actions_per_turn]) or [
           int(rng.integers(len(names)))]
       if rng.random() < mistake_rate:

@@ -17,7 +17,7 @@ from ragen_jax import config as config_lib
 from ragen_jax import mesh as mesh_lib
 from ragen_jax import paths
 from ragen_jax.assembly import build_mesh, build_source, load_model
-from ragen_jax.demo.demonstrations import corpus, format_rows, plan_and_reason, reading_rates, solver_policy
+from ragen_jax.demo.demonstrations import TEMPLATES, corpus, format_rows, plan_and_reason, reading_rates, solver_policy
 from ragen_jax.models import init_params
 from ragen_jax.models.hf_io import export_hf
 from ragen_jax.models.scratch import scratch_config
@@ -54,6 +54,8 @@ def build_tokenizer(config, env_names, out_dir):
     texts += corpus(name, env, params, reset_batch(env, params, jnp.arange(200)), 200)
     texts += [prompt.system_text(env.instruction_text(params, config.rollout.max_actions_per_traj)),
               prompt.user_text(0, "", 8, config.rollout.max_new_tokens), "Reward:\n-0.1\n"] * 20
+    if config.demo.template_rate:
+      texts += list(TEMPLATES[name]) * 20
   # action names stay tokens of their own, so the answer repeats the reasoning's chosen moves token for token
   return train_tokenizer(texts, config.demo.vocab_size, out_dir, split_words=False, isolated_words=sorted(actions))
 
@@ -65,7 +67,7 @@ def demonstrations(config, env_name, tokenizer):
   assets = build_assets(tokenizer, env, params, rollout)
   policy = solver_policy(env, params, tokenizer, rollout.max_new_tokens, rollout.max_actions_per_turn,
                          config.demo.mistake_rate, config.demo.single_move_rate, config.demo.habit_move,
-                         seed=config.seed)
+                         seed=config.seed, template_rate=config.demo.template_rate)
   count = config.demo.sft_episodes
   traj = host_rollout(policy, env, params, assets, rollout, np.arange(DEMO_SEED_BASE, DEMO_SEED_BASE + count),
                       np.arange(count), jax.random.PRNGKey(config.seed), seq_len=slot_layout(assets, rollout)[2])
@@ -103,9 +105,9 @@ def check_settings(config, env_names):
 
 
 def sft_schedule(config, env_names, kind: str = "demo"):
-  """The SFT learning rates of a warm start of `kind` ("demo": the format stages, then the demonstrations;
-  "pretrained": the demonstrations only) on `env_names`; ConfigError for settings that cannot work."""
-  steps = config.demo.sft_steps + (config.demo.copy_steps + config.demo.reading_steps if kind == "demo" else 0)
+  """The SFT learning rates of a warm start of `kind` ("pretrained": the demonstrations only; others, the demo's:
+  the format stages, then the demonstrations) on `env_names`; ConfigError for settings that cannot work."""
+  steps = config.demo.sft_steps + (0 if kind == "pretrained" else config.demo.copy_steps + config.demo.reading_steps)
   try:
     schedule = lr_schedule(config.demo.sft_lr, steps, config.demo.sft_warmup_steps, config.demo.sft_decay_steps)
   except ValueError as error:

@@ -105,15 +105,18 @@ def _first_last(record: dict, key: str) -> tuple:
 
 
 def collapse_results(records: list[dict], others: list[dict]) -> tuple[dict, list[str], list]:
-  """Per run: the alarm's timing, MI, retrieval and entropy first → last; the false alarms on healthy `others`."""
-  runs, lines = {}, ["| run | final success | alarm fired at | MI peak (fall began) | delay | MI z-score | retrieval "
-                     "accuracy (chance) | entropy change |", "|---" * 8 + "|"]
+  """Per run: the reasoning's share of turns that read the observation, the alarm's timing, MI, retrieval and
+  entropy first → last; the false alarms on healthy `others`."""
+  runs, lines = {}, ["| run | final success | positions read (SFT → RL) | alarm fired at | MI peak (fall began) | "
+                     "delay | MI z-score | retrieval accuracy (chance) | entropy change |", "|---" * 9 + "|"]
   for r in records:
+    read = r.get("positions_read")  # older records have none
     (z0, z1), (a0, a1), (h0, h1) = (_first_last(r, k) for k in (MI_KEY, RETRIEVAL_KEY, ENTROPY_KEY))
     change = None if h0 is None or not h0 else h1 / h0 - 1
     runs[r["name"]] = collapse_timing(r) | {"entropy_change": change}
     t = runs[r["name"]]
-    lines.append(f"| {r['name']} | {r['final_val_success']:.3f} | {_num(t['first_alarm'], 0)} | "
+    lines.append(f"| {r['name']} | {r['final_val_success']:.3f} | "
+                 f"{'-' if read is None else f'{read[0]:.0%} → {read[1]:.0%}'} | {_num(t['first_alarm'], 0)} | "
                  f"{_num(t['mi_fall_start'], 0)} | {_num(t['delay'], 0)} | {_num(z0, 2)} → {_num(z1, 2)} | "
                  f"{_num(a0)} → {_num(a1)} ({_num(r['final_retrieval_chance'])}) | "
                  f"{'-' if change is None else f'{change:+.0%}'} |")
@@ -124,9 +127,11 @@ def collapse_results(records: list[dict], others: list[dict]) -> tuple[dict, lis
                   "alarms": sum(len(r["alarm_steps"]) for r in healthy)}
   counts = ", ".join(f"{n['fired']} of {n['runs']} {s} runs" for s, n in fired.items())
   lines += ["", f"The alarm fired in {counts}.", "",
-            "Alarm fired at: first iteration with `collapse/alarm`; MI peak: the iteration of the highest logged MI "
-            "z-score up to then (the fall began there), delay: iterations between the two; entropy change: last "
-            "logged policy entropy against the first (template collapse keeps it within ±10%).", "",
+            "Positions read: validation turns whose reasoning names the observed positions (the others reason with "
+            "a template or misread); alarm fired at: first iteration with `collapse/alarm`; MI peak: the iteration "
+            "of the highest logged MI z-score up to then (the fall began there), delay: iterations between the two; "
+            "entropy change: last logged policy entropy against the first (template collapse keeps it within ±10%).",
+            "",
             f"False alarms on the healthy runs of the other sub-studies (success not down by more than {HEALTHY_SE:g} "
             f"s.e.): {false_alarms['runs_with_alarm']} of {false_alarms['healthy_runs']} runs, "
             f"{false_alarms['alarms']} alarm iterations in all."]

@@ -1,7 +1,7 @@
 """The study's work: one warm start per environment, then the runs of each selected sub-study, then its report.
 
-Layout under `workdir`: `warm_start/<env>/` (tokenizer, SFT model, `warm_start.json` once complete; the
-pretrained sub-study's in `warm_start/<env>-pretrained/`),
+Layout under `workdir`: `warm_start/<env>/` (tokenizer, SFT model, `warm_start.json` once complete; other
+kinds, `Run.warm_start`, in `warm_start/<env>-<kind>/`),
 `<study>/rl/<run>/` (each run's RL directory), `<study>/runs/<run>.json` (its summary, written when it
 finishes: a restarted study skips the runs that have one, and starts an unfinished run again) and the
 sub-study's report files (`study.report`).
@@ -50,10 +50,10 @@ def warm_start_settings(config) -> dict:
 
 
 def warm_start_config(config, run: Run):
-  """The config of `run`'s warm start: for a pretrained one, the study's config with the run's overrides (the
-  same for every seed); for the demo's, the study's config."""
+  """The config of `run`'s warm start: for the demo's, the study's config; for another kind, the study's config
+  with the run's overrides (the same for every seed and setting of that kind)."""
   ws_config = copy.deepcopy(config)
-  if run.warm_start == "pretrained":
+  if run.warm_start != "demo":
     ws_config.update_from_flattened_dict(run.overrides)
   return ws_config
 
@@ -76,7 +76,7 @@ def shared_warm_start(config, env: str, kind: str = "demo") -> str:
   ws_config = copy.deepcopy(config)
   ws_config.workdir = workdir
   clock = time.time()
-  sft_dir, _, demo_success = (warm_start if kind == "demo" else pretrained_warm_start)(ws_config, [env])
+  sft_dir, _, demo_success = (pretrained_warm_start if kind == "pretrained" else warm_start)(ws_config, [env])
   paths.write_text(done, json.dumps({"demo_success": demo_success[env], "minutes": (time.time() - clock) / 60,
                                      "settings": settings}))
   return sft_dir
@@ -97,6 +97,7 @@ def reinforce_run(config, run: Run, sft_dir: str, study_dir: str) -> dict:
   return ({"name": run.name, "env": run.env, "setting": run.setting, "seed": run.seed, "overrides": run.overrides,
            "iterations": trainer.iteration, "early_stop": bool(final.get("early_stop", 0.0)),
            "sft_val_success": start["val/success"], "final_val_success": final["val/success"],
+           "positions_read": [start["val/positions_read"], final["val/positions_read"]],
            "best_val_success": trainer.best_val_success, "gain": final["val/gain"], "gain_se": final["val/gain_se"],
            "alarm_steps": [r["step"] for r in rows if r.get("collapse/alarm")],
            "heldout": None if heldout is None else {"params": heldout, "sft_val_success": start["heldout/success"],

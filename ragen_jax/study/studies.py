@@ -30,6 +30,13 @@ CORRELATION_SETTINGS = {
 # doubled the entropy.
 COLLAPSE = {"train.actor_lr": 3e-4}
 COLLAPSE_SETTINGS = {name: COLLAPSE | {"filter.enabled": enabled} for name, enabled in SETTINGS.items()}
+# A second collapse arm, from a warm start with template collapse already in it: half of its demonstration turns
+# reason with an input-agnostic template (`demonstrations.TEMPLATES`), and RL's entropy bonus is 50x the demo's,
+# the regulariser the SNR argument says dominates when few groups have reward variance. In docs/results.md
+# (2026-12-06) the templates grew without the filter until the entropy ran away, and shrank with it.
+TEMPLATE_COLLAPSE = {"demo.template_rate": 0.5, "algorithm.entropy_coef": 0.05}
+TEMPLATE_SETTINGS = {f"templates_{name}": TEMPLATE_COLLAPSE | {"filter.enabled": enabled}
+                     for name, enabled in SETTINGS.items()}
 # Sub-study 4, a real pretrained model (`study.pretrained_model`, "" the bundled SmolLM2-135M-Instruct) with its
 # own tokenizer and chat template: a short SFT on solver demonstrations (format only: no tokenizer training, no
 # format stages), then GRPO with the filter. Sized for about 45 min on a 2-core CPU (FrozenLake: about 70, where
@@ -90,7 +97,8 @@ class StudyConfig:
     check_one_of("study.pretrained_env", self.pretrained_env, PRETRAINED_ENVS)
     for setting in filter(None, self.only.split(",")):
       check_one_of("study.only", setting,
-                   {**FILTER_SETTINGS, **CORRELATION_SETTINGS, **COLLAPSE_SETTINGS, PRETRAINED_SETTING: PRETRAINED})
+                   {**FILTER_SETTINGS, **CORRELATION_SETTINGS, **COLLAPSE_SETTINGS, **TEMPLATE_SETTINGS,
+                    PRETRAINED_SETTING: PRETRAINED})
     for key in ("filter_seeds", "correlation_seeds", "collapse_seeds", "pretrained_seeds", "bootstrap"):
       check(f"study.{key}", getattr(self, key) >= 1, "must be >= 1", getattr(self, key))
 
@@ -102,7 +110,8 @@ class StudyConfig:
 @dataclasses.dataclass(frozen=True)
 class Run:
   """One RL run of a sub-study: its file name, environment, setting name, RL seed and config overrides, and the
-  warm start it starts from: "demo" (the demo's scratch model) or "pretrained" (`model.path` fine-tuned)."""
+  warm start it starts from: "demo" (the demo's scratch model), "templates" (the same, its `demo` settings from the
+  overrides) or "pretrained" (`model.path` fine-tuned)."""
   name: str
   env: str
   setting: str
@@ -127,4 +136,5 @@ def study_runs(study: StudyConfig, name: str) -> list[Run]:
     settings = {PRETRAINED_SETTING: PRETRAINED | PRETRAINED_ENVS[study.pretrained_env]
                 | {"model.path": study.pretrained_model}}
     return _grid([study.pretrained_env], settings, study.pretrained_seeds, study.only, "pretrained")
-  return _grid([study.collapse_env], COLLAPSE_SETTINGS, study.collapse_seeds, study.only)
+  return (_grid([study.collapse_env], COLLAPSE_SETTINGS, study.collapse_seeds, study.only)
+          + _grid([study.collapse_env], TEMPLATE_SETTINGS, study.collapse_seeds, study.only, "templates"))

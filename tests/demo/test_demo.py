@@ -14,8 +14,8 @@ import envs
 from ragen_jax.config import load_config_file
 from ragen_jax.demo.__main__ import run
 from ragen_jax.demo.stages import paired_gain
-from ragen_jax.demo.demonstrations import (direction_text, format_rows, plan_and_reason, reading_rates, reply_checks,
-                                           solver_policy)
+from ragen_jax.demo.demonstrations import (TEMPLATES, direction_text, format_rows, plan_and_reason, reading_rates,
+                                           reply_checks, solver_policy)
 from ragen_jax.rollout.device import slot_layout
 from ragen_jax.rollout.episodes import RolloutConfig, build_assets, reset_batch, unbatch
 from ragen_jax.rollout.host import host_rollout
@@ -72,6 +72,26 @@ def test_solver_replies_follow_the_plan_with_the_asked_imperfections(tokenizer, 
       assert moves[0] == names.index("Up"), text  # the habit
     else:
       assert moves[0] != expected[0], text
+
+
+@pytest.mark.parametrize("env_name", ["sokoban", "frozenlake"])
+def test_template_replies_reason_without_the_observation_and_keep_the_moves(tokenizer, env_name):
+  env, params = envs.make(env_name)
+  names = env.action_names(params)
+  states = reset_batch(env, params, jnp.arange(64))
+  policy = solver_policy(env, params, tokenizer, 64, 2, 0.0, 0.0, seed=0, template_rate=0.5)
+  replies = policy(None, np.ones(64, bool), states, None)
+  templated = []
+  for i in range(64):
+    state = unbatch(states, i)
+    plan, reasoning = plan_and_reason(env_name, state, names)
+    text = tokenizer.decode(replies.tokens_BN[i, :replies.lengths_B[i]], skip_special_tokens=True)
+    said, answer = text.split(" So: ")[0], text.split("<answer>")[1].split("</answer>")[0]
+    assert said in TEMPLATES[env_name] + (reasoning,) and answer == " || ".join(names[a] for a in plan[:2]), text
+    templated.append(said if said in TEMPLATES[env_name] else None)
+    assert reply_checks(env_name, env.render_text(state, params), text)[0] == (templated[-1] is None), text
+  said = [t for t in templated if t]  # half the turns (0.5 +- 0.19 at 3 standard deviations), templates at random
+  assert 0.31 < len(said) / 64 < 0.69 and len(set(said)) > 1
 
 
 @pytest.mark.parametrize("mistake_rate", [0.0, 0.5])

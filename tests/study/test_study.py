@@ -31,6 +31,13 @@ def test_default_grids_are_the_issues_and_valid():
   assert all(len({r.name for r in rs}) == len(rs) for rs in runs.values())  # a file name per run of a study
   for run in runs["correlation"] + runs["collapse"]:
     read_settings(runner.run_config(config, run))
+  templates = [run for run in runs["collapse"] if run.warm_start == "templates"]
+  assert {run.setting for run in templates} == set(studies.TEMPLATE_SETTINGS)
+  assert len(templates) == 2 * study.collapse_seeds
+  ws_config = runner.warm_start_config(config, templates[0])  # the demo's SFT, with template demonstrations
+  assert ws_config.demo.template_rate == 0.5 and config.demo.template_rate == 0.0
+  step = config.demo.copy_steps + config.demo.reading_steps + config.demo.sft_steps - 50  # in the demo's decay
+  assert sft_schedule(ws_config, ["sokoban"], "templates")(step) == sft_schedule(config, ["sokoban"])(step)
   for env in ("frozenlake", "bandit"):  # the bundled model, its RL and SFT settings valid on either
     [pretrained] = study_runs(dataclasses.replace(study, pretrained_env=env), "pretrained")
     assert pretrained.env == env and pretrained.overrides["model.path"] == "" and pretrained.warm_start == "pretrained"
@@ -75,6 +82,7 @@ def test_two_iteration_study_writes_every_file_and_resumes(tmp_path, monkeypatch
   record = json.loads((tmp_path / "filter/runs/frozenlake-snr_filter-s0.json").read_text())
   assert 0.0 <= record["final_val_success"] <= 1.0 and record["final_mi_zscore"] is not None
   assert record["curves"]["collapse/trajectory/retrieval_accuracy"] and record["minutes"] > 0
+  assert len(record["positions_read"]) == 2 and all(0.0 <= v <= 1.0 for v in record["positions_read"])
   heldout = record["heldout"]
   assert heldout["params"] == {"p_frozen": 0.5} and 0.0 <= heldout["final_val_success"] <= 1.0
   assert heldout["gain"] == pytest.approx(heldout["final_val_success"] - heldout["sft_val_success"])
@@ -89,18 +97,20 @@ def test_two_iteration_study_writes_every_file_and_resumes(tmp_path, monkeypatch
     return record | {"name": run.name, "setting": run.setting, "seed": run.seed,
                      "final_val_success": len(ran) / 20, "final_mi_zscore": len(ran) % 3, "gain": 0.0}
 
-  def fail(*args):
-    raise AssertionError("the warm start was redone")
+  def fake_warm_start(ws_config, env_names):  # trains a warm start: on the restart, only the templates' is new
+    made.append((ws_config.workdir, ws_config.demo.template_rate))
+    return str(tmp_path / "templates_sft"), None, {env_names[0]: 0.5}
 
-  ran = []
-  monkeypatch.setattr(runner, "warm_start", fail)
+  ran, made = [], []
+  monkeypatch.setattr(runner, "warm_start", fake_warm_start)
   monkeypatch.setattr(runner, "reinforce_run", fake_run)
   config.study.update(names="filter,correlation,collapse", only="")
   capsys.readouterr()
   results = runner.run_study(config)
   assert ran[0] == "filter/frozenlake-no_filter-s0" and "filter/frozenlake-snr_filter-s0" not in ran
-  assert len(ran) == 1 + len(CORRELATION_SETTINGS) + 2
-  assert f"run {len(ran)}/{len(ran)}: collapse frozenlake-snr_filter-s0, about" in capsys.readouterr().out
+  assert made == [(str(tmp_path / "warm_start/frozenlake-templates"), studies.TEMPLATE_COLLAPSE["demo.template_rate"])]
+  assert len(ran) == 1 + len(CORRELATION_SETTINGS) + len(studies.COLLAPSE_SETTINGS) + len(studies.TEMPLATE_SETTINGS)
+  assert f"run {len(ran)}/{len(ran)}: collapse frozenlake-templates_snr_filter-s0, about" in capsys.readouterr().out
   assert results["correlation"]["summary"]["final_mi_zscore"]["low"] is not None
   pngs = {"filter": ["curves.png"], "correlation": [f"{key}.png" for _, key, _ in PREDICTORS],
           "collapse": ["curves.png"]}
@@ -135,7 +145,7 @@ def test_filter_results_pair_the_seeds():
 
 def test_collapse_timing_and_false_alarms():
   mi = [[2, 1.0], [4, 1.4], [6, 1.1], [8, 0.6], [10, 0.3], [12, 0.5]]
-  record = _record("sokoban", "no_filter", 0, 0.3, 0.5, -0.2, alarm_steps=[10, 12], curves={
+  record = _record("sokoban", "no_filter", 0, 0.3, 0.5, -0.2, alarm_steps=[10, 12], positions_read=[0.9, 0.25], curves={
       "collapse/trajectory/mi_zscore": mi, "collapse/trajectory/retrieval_accuracy": [[2, 0.8], [12, 0.2]],
       "update/policy_entropy": [[1, 1.0], [12, 1.05]]})
   assert collapse_timing(record) == {"first_alarm": 10, "mi_fall_start": 4, "delay": 6}
@@ -144,7 +154,9 @@ def test_collapse_timing_and_false_alarms():
   summary, body, _ = collapse_results([record], [healthy, degraded])
   assert summary["false_alarms"] == {"healthy_runs": 1, "runs_with_alarm": 1, "alarms": 1}
   assert summary["runs"][record["name"]]["entropy_change"] == pytest.approx(0.05)
-  assert "| 10 | 4 | 6 | 1.00 → 0.50 | 0.800 → 0.200 (0.100) | +5% |" in body[2]
+  assert "| 0.300 | 90% → 25% | 10 | 4 | 6 | 1.00 → 0.50 | 0.800 → 0.200 (0.100) | +5% |" in body[2]
+  _, body, _ = collapse_results([record | {"positions_read": None}], [])  # a record from before the column
+  assert "| 0.300 | - | 10 |" in body[2]
 
 
 @pytest.mark.parametrize("env", ["frozenlake", "bandit"])
