@@ -181,6 +181,13 @@ def paired_gain(success_before, success_after) -> tuple[float, float]:
   return float(change.mean()), float(change.std(ddof=1) / np.sqrt(change.size))
 
 
+def paired_metrics(before, after, prefix: str) -> dict[str, float]:
+  """`rollout_metrics` of the rollout `after` under `prefix`, with `<prefix>/gain` and `<prefix>/gain_se`: the
+  `paired_gain` over `before`, a rollout of the same seeds."""
+  gain, gain_se = paired_gain(mesh_lib.fetch(before.success), mesh_lib.fetch(after.success))
+  return rollout_metrics(after, prefix) | {f"{prefix}/gain": gain, f"{prefix}/gain_se": gain_se}
+
+
 def reading_metrics(env_name, traj, tokenizer) -> dict[str, float]:
   """`demonstrations.reading_rates` of a validation rollout, as `val/` metrics."""
   host_traj = jax.tree.map(lambda x: np.asarray(mesh_lib.fetch(x)), traj)
@@ -219,20 +226,16 @@ def reinforce(config, env_name, sft_dir, workdir, heldout_params: dict | None = 
   trainer.checkpointer.close()
   # The last iteration validated unless RL stopped early.
   after = trainer.last_validation if "val/success" in final else trainer.validation_rollout()
-  gain, gain_se = paired_gain(mesh_lib.fetch(before.success), mesh_lib.fetch(after.success))
-  final |= (rollout_metrics(after, "val") | reading_metrics(env_name, after, trainer.exp.tokenizer)
-            | {"val/gain": gain, "val/gain_se": gain_se})
+  final |= paired_metrics(before, after, "val") | reading_metrics(env_name, after, trainer.exp.tokenizer)
   log(f"{env_name}: validation success {start['val/success']:.3f} -> {final['val/success']:.3f}, "
-      f"gain {gain:+.3f} +- {gain_se:.3f} (best {trainer.best_val_success:.3f}); reasoning names the observed "
-      f"positions in {start['val/positions_read']:.0%} -> {final['val/positions_read']:.0%} of turns, the answer "
-      f"repeats its moves in {start['val/answer_follows_reasoning']:.0%} -> "
-      f"{final['val/answer_follows_reasoning']:.0%}")
+      f"gain {final['val/gain']:+.3f} +- {final['val/gain_se']:.3f} (best {trainer.best_val_success:.3f}); "
+      f"reasoning names the observed positions in {start['val/positions_read']:.0%} -> "
+      f"{final['val/positions_read']:.0%} of turns, the answer repeats its moves in "
+      f"{start['val/answer_follows_reasoning']:.0%} -> {final['val/answer_follows_reasoning']:.0%}")
   if heldout_params:
-    heldout_after = trainer.validation_rollout(heldout)
-    gain, gain_se = paired_gain(mesh_lib.fetch(heldout_before.success), mesh_lib.fetch(heldout_after.success))
-    final |= rollout_metrics(heldout_after, "heldout") | {"heldout/gain": gain, "heldout/gain_se": gain_se}
+    final |= paired_metrics(heldout_before, trainer.validation_rollout(heldout), "heldout")
     log(f"{env_name}: held-out validation ({heldout_params}) success {start['heldout/success']:.3f} -> "
-        f"{final['heldout/success']:.3f}, gain {gain:+.3f} +- {gain_se:.3f}")
+        f"{final['heldout/success']:.3f}, gain {final['heldout/gain']:+.3f} +- {final['heldout/gain_se']:.3f}")
   return trainer, start, final
 
 
