@@ -37,6 +37,7 @@ def get_config():
   c.demo.habit_move = "Up"        # (a wrong move where the plan starts otherwise; RL unlearns the habit)
   c.demo.single_move_rate = 0.6   # share of demonstration turns with only the plan's first move
   c.demo.template_rate = 0.0      # share of demonstration turns with input-agnostic reasoning (study: collapse)
+  c.demo.templates = 4            # how many of the env's templates those turns draw from (the first ones)
 
   c.rollout.max_turns = 3
   c.rollout.max_new_tokens = 32

@@ -4,8 +4,9 @@ The demo's warm start, once per environment, then RL runs of `train.iterations` 
 with `--config.study.names=filter,correlation`; the `study` section is `ragen_jax.study.studies.StudyConfig`.
 `--config.study.names=pretrained` fine-tunes a real checkpoint instead (the bundled SmolLM2-135M-Instruct, or
 `--config.study.pretrained_model=DIR`) on Bandit (`--config.study.pretrained_env=frozenlake`: FrozenLake) with
-its own settings (`studies.PRETRAINED`, `studies.PRETRAINED_ENVS`). The collapse sub-study also trains a second
-warm start, half of whose demonstrations reason with input-agnostic templates (`studies.TEMPLATE_COLLAPSE`).
+its own settings (`studies.PRETRAINED`, `studies.PRETRAINED_ENVS`). The collapse sub-study also trains warm
+starts whose demonstrations reason with input-agnostic templates: in half of them (`studies.TEMPLATE_COLLAPSE`),
+in 30% (`studies.REFERENCE_COLLAPSE`) and in all, the last as the KL reference (`studies.REFERENCE_DEMO`).
 """
 
 from configs import demo

@@ -44,7 +44,9 @@ class ModelSettings:
   weights of the frozen reference model (the KL loss's), "" = `dtype`; bfloat16 halves a float32 copy. `lora`
   (`models.lora.LoraConfig`, rank 0: off): train LoRA adapters only, the base weights frozen and shared with the
   reference; `adapters`: a PEFT adapter directory (a run's `final_adapters/`) to start from instead of fresh
-  adapters."""
+  adapters. `reference_path`: the KL loss's frozen reference, "" = the policy's starting weights (under LoRA the
+  base), else a checkpoint with the policy's shapes and tokenizer (`load_reference`), e.g. a base model whose
+  reasoning the run should stay near; it costs one more copy of the weights in `ref_dtype`."""
 
   path: str = ""
   dtype: str = "float32"
@@ -55,6 +57,7 @@ class ModelSettings:
   ref_dtype: str = ""
   lora: lora_lib.LoraConfig = lora_lib.LoraConfig()
   adapters: str = ""
+  reference_path: str = ""
 
   def __post_init__(self):
     if isinstance(self.lora, dict):  # the section as a ConfigDict hands it over
@@ -85,6 +88,8 @@ def check_model_and_env(config, env_name: str | None = None) -> None:
   `env.name`) with `env.params`."""
   settings = ModelSettings(**config.model.to_dict())
   check_model_path(settings.path)
+  if settings.reference_path:
+    check_model_path(settings.reference_path, "model.reference_path")
   if settings.adapters:
     try:
       lora_lib.check_adapter_dir(staged_dir(settings.adapters, "model.adapters"), settings.lora)
@@ -144,6 +149,20 @@ def load_model(path: str, mesh: jax.sharding.Mesh, key: str = "model.path", adap
     model = dataclasses.replace(model, config=dataclasses.replace(
         model.config, eos_token_ids=model.config.eos_token_ids + (tokenizer.eos_token_id,)))
   return model, tokenizer
+
+
+def load_reference(settings: ModelSettings, model: Model, tokenizer) -> dict:
+  """The weights of the KL reference checkpoint `settings.reference_path` in `model`'s shardings (without LoRA
+  adapters); ConfigError unless its parameter shapes and its tokenizer's vocabulary are `model`'s."""
+  key = f"model.reference_path={settings.reference_path!r}"
+  reference, reference_tokenizer = load_model(settings.reference_path, model.mesh, key="model.reference_path",
+                                              **(settings.computation() | {"lora": None}))
+  shapes = lambda params: jax.tree.map(lambda x: x.shape, params)  # noqa: E731
+  if shapes(reference.params) != shapes(lora_lib.split(model.config, model.params)[0] or model.params):
+    raise ConfigError(f"{key}: its parameter shapes are not model.path's; the reference must be the same architecture")
+  if reference_tokenizer.get_vocab() != tokenizer.get_vocab():
+    raise ConfigError(f"{key}: its tokenizer is not model.path's; the KL loss compares the two token by token")
+  return reference.params
 
 
 def env_param_types(name: str) -> dict[str, object]:

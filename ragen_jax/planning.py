@@ -390,7 +390,8 @@ def plan(config, plan_config: PlanConfig, overrides: dict | None = None) -> Plan
   loaded, policy = device_bytes(inputs["policy"]), device_bytes(state.policy)
   frozen = device_bytes(lora.split(model_config, inputs["policy"])[0] or {})  # the base under LoRA adapters
   ref_bytes = device_bytes(ref) if ref is not None else 0
-  shared_ref = ref is not None and settings.model.reference_dtype == model_config.param_dtype
+  shared_ref = (ref is not None and settings.model.reference_dtype == model_config.param_dtype
+                and not settings.model.reference_path)  # else a copy: cast, or another checkpoint
   # the rollout's token tables stay on the device for the whole run (the source holds them)
   tables = sum(x.nbytes for x in jax.tree.leaves(getattr(source, "assets", None)) if isinstance(x, jax.Array))
   kept = loaded + device_bytes(state) + (0 if shared_ref or ref is None else ref_bytes) + tables  # + trainer.exp's

@@ -19,7 +19,7 @@ from jax.experimental import multihost_utils
 from ragen_jax import mesh as mesh_lib
 from ragen_jax import paths, preemption
 from ragen_jax.assembly import (Experiment, ModelSettings, build_experiment, build_mesh, check_model_and_env,
-                                check_process_split)
+                                check_process_split, load_reference)
 from ragen_jax.checkpoint import Checkpointer, abstract_like
 from ragen_jax.config import ConfigError, UserError, check, check_workdir
 from ragen_jax.diagnostics.alarm import AlarmState, update_alarm
@@ -139,6 +139,8 @@ def read_settings(config) -> Settings:
                                                                             rollout.max_new_tokens)),
       early_stop=early_stop.EarlyStopConfig(**config.early_stop.to_dict()), train=TrainConfig(**config.train.to_dict()))
   settings.update_config()  # the sections must also fit together (batch splits)
+  check("model.reference_path", not settings.model.reference_path or settings.algorithm.use_kl_loss,
+        "only the KL loss scores a reference: set algorithm.use_kl_loss=True", settings.model.reference_path)
   check_model_and_env(config)
   check_workdir(config.workdir)
   return settings
@@ -229,13 +231,15 @@ class Trainer:
     self.is_main = jax.process_index() == 0
     self.state = initial_state(exp, self.update_config, exp.config.seed)
     self.base = lora.split(exp.model.config, exp.model.params)[0]  # frozen weights under LoRA adapters, or None
-    frozen = exp.model.params if self.base is None else self.base  # the reference: the base with adapters off
     if self.base is not None:
       shardings = jax.tree.map(lambda x: x.sharding, self.base)
       self._merge = jax.jit(lambda base, adapters: lora.merge(exp.model.config, lora.combine(base, adapters)),
                             out_shardings=shardings)
-    self.ref_params = (reference_params(frozen, settings.model.reference_dtype)
-                       if settings.algorithm.use_kl_loss else None)
+    self.ref_params = None
+    if settings.algorithm.use_kl_loss:  # by default the starting weights: under LoRA the base with adapters off
+      reference = (load_reference(settings.model, exp.model, exp.tokenizer) if settings.model.reference_path
+                   else exp.model.params if self.base is None else self.base)
+      self.ref_params = reference_params(reference, settings.model.reference_dtype)
     self.checkpointer = Checkpointer(paths.join(self.workdir, "checkpoints"), settings.train.checkpoint_every,
                                      settings.train.max_to_keep)
     self.iteration = 0

@@ -46,8 +46,8 @@ def _live_bytes(device) -> int:
   return sum(buffers.values())
 
 
-@pytest.mark.parametrize("lora_rank", [0, 4])
-def test_planned_peak_within_2x_of_a_run(replying_model_dir, lora_rank):
+@pytest.mark.parametrize("lora_rank,own_reference", [(0, False), (4, False), (0, True)])
+def test_planned_peak_within_2x_of_a_run(replying_model_dir, lora_rank, own_reference):
   """Plans the tiny config on the 8 test devices, then runs its phases for real (the trainer's own objects) and
   measures, per phase, the live arrays on device 0 (the trainer's state, loaded weights, reference, batch and
   scores: `jax.live_arrays()` before and after, over what was live before the trainer) plus the compiled program's
@@ -55,9 +55,12 @@ def test_planned_peak_within_2x_of_a_run(replying_model_dir, lora_rank):
   peak of every phase, and the largest, is within 2x of the measured one, and what the plan says the trainer holds
   with the phase's outputs within 2% of the live buffers at its end (measured 2026-12-05: within 0.1% once the
   environment's token tables counted).
-  With LoRA the state holds the adapters over the loaded, frozen base."""
+  With LoRA the state holds the adapters over the loaded, frozen base; with a reference checkpoint of its own
+  (`model.reference_path`, in float32 like the policy) the trainer holds a second copy of the weights."""
   config = _tiny_config(replying_model_dir)
   config.model.lora.rank = lora_rank
+  if own_reference:
+    config.model.ref_dtype, config.model.reference_path = "", str(replying_model_dir)
   result = planning.plan(config, planning.PlanConfig(devices=8, chip="v5e"))
   planned = {p.name: p for p in result.phases}
   assert set(planned) == {"rollout", "score", "diagnose", "learn"}
@@ -96,6 +99,8 @@ def test_planned_peak_within_2x_of_a_run(replying_model_dir, lora_rank):
     assert at_end == pytest.approx(held[name], rel=0.02), (name, planned[name], held[name])
   assert max(measured.values()) / 2 <= result.peak <= 2 * max(measured.values())
   assert result.memory["reference"] > 0 and result.memory["critic"] > 0
+  if own_reference:
+    assert result.memory["reference"] == result.memory["loaded weights"]
   assert result.seq_len == traj.seq_len
   trained = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(trainer.state.policy))  # replicated over data
   assert result.memory["parameters"] == pytest.approx(trained, rel=0.01)

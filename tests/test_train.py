@@ -1,6 +1,7 @@
 """The training loop: iterations with finite losses, a run stopped by SIGTERM that resumes exactly, checkpoints that
 never go backwards, the non-finite update guard, sharded update = 1 device."""
 
+import dataclasses
 import json
 import logging
 import math
@@ -22,7 +23,9 @@ from ragen_jax import preemption
 from ragen_jax.checkpoint import Checkpointer, RestoreError, abstract_like
 from ragen_jax.config import ConfigError, load_config_file
 from ragen_jax.finite import first_nonfinite
-from ragen_jax.models import forward_logits, load_pretrained
+from ragen_jax.models import Model, forward_logits, init_params, load_pretrained
+from ragen_jax.models.scratch import scratch_config
+from ragen_jax.models.tokenizer import train_tokenizer
 from ragen_jax.report.startup import startup_lines
 from ragen_jax.report.summary import training_report
 from ragen_jax.report.writer import read_metrics
@@ -313,6 +316,43 @@ def test_optimizer_states_and_a_bfloat16_reference_follow_the_parameters_shardin
                             jax.tree.leaves(trainer.exp.model.params)):
     assert ref.dtype == jnp.bfloat16 and ref.sharding.is_equivalent_to(p.sharding, ref.ndim), jax.tree_util.keystr(path)
     np.testing.assert_array_equal(np.asarray(ref), np.asarray(p.astype(jnp.bfloat16)))
+
+
+def test_a_reference_checkpoint_is_what_the_kl_loss_scores_against(replying_model, replying_model_dir, tokenizer,
+                                                                   tmp_path):
+  reference = dataclasses.replace(replying_model, params=init_params(replying_model.config, jax.random.key(1)))
+  reference_dir = reference.export(tmp_path / "reference", tokenizer)
+  config = _config(replying_model_dir, tmp_path / "run", **{
+      "mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2, "algorithm.preset": "grpo", "algorithm.use_kl_loss": True,
+      "model.reference_path": str(reference_dir), "train.val_every": 0, "filter.enabled": False})
+  trainer = Trainer.create(config)
+  for (path, ref), p, expected in zip(jax.tree_util.tree_flatten_with_path(trainer.ref_params)[0],
+                                      jax.tree.leaves(trainer.exp.model.params), jax.tree.leaves(reference.params)):
+    assert ref.sharding.is_equivalent_to(p.sharding, ref.ndim), jax.tree_util.keystr(path)  # the policy's shardings
+    np.testing.assert_array_equal(np.asarray(ref), np.asarray(expected))
+  # the policy starts as the replying model, far from a random one (against its own start the KL would be ~0)
+  assert trainer.train_iteration()["update/kl_loss"] > 1.0
+  trainer.checkpointer.close()
+
+
+def test_a_reference_needs_the_kl_loss_and_the_policy_s_shapes_and_tokenizer(replying_model, replying_model_dir,
+                                                                             tokenizer, tmp_path):
+  kl = {"algorithm.use_kl_loss": True}
+  with pytest.raises(ConfigError, match=r"^model.reference_path=.*: only the KL loss scores a reference"):
+    Trainer.create(_config(replying_model_dir, tmp_path / "a", **{"model.reference_path": str(replying_model_dir)}))
+  with pytest.raises(ConfigError, match=r"^model.reference_path='.*missing': "):
+    Trainer.create(_config(replying_model_dir, tmp_path / "b", **kl,
+                           **{"model.reference_path": str(tmp_path / "missing")}))
+  other_tokenizer = train_tokenizer(["Turn 1: a different corpus, so other tokens."] * 20, vocab_size=300)
+  other_words = replying_model.export(tmp_path / "other_tokenizer", other_tokenizer)
+  narrower = scratch_config(tokenizer, hidden_size=32)
+  other_shapes = Model(config=narrower, params=init_params(narrower, jax.random.key(0)),
+                       mesh=replying_model.mesh).export(tmp_path / "other_shapes", tokenizer)
+  for i, (directory, what) in enumerate(((other_words, "its tokenizer is not model.path's"),
+                                         (other_shapes, "its parameter shapes are not model.path's"))):
+    config = _config(replying_model_dir, tmp_path / f"c{i}", **kl, **{"model.reference_path": str(directory)})
+    with pytest.raises(ConfigError, match=f"^model.reference_path='{directory}': {what}"):
+      Trainer.create(config)
 
 
 def test_lora_trains_and_saves_the_adapters_only_over_a_shared_frozen_base(replying_model_dir, tmp_path):

@@ -120,10 +120,11 @@ def reading_rates(env_name: str, traj, tokenizer) -> dict[str, float]:
   return dict(zip(READING_KEYS, map(float, rates)))
 
 
-def reply_text(reasoning: str, move_names) -> str:
-  """A reply in the reference format: reasoning, the chosen moves, then the answer."""
+def reply_text(reasoning: str, move_names, moves_in_reasoning: bool = True) -> str:
+  """A reply in the reference format: reasoning, the chosen moves (unless not `moves_in_reasoning`), then the
+  answer."""
   answer = " || ".join(move_names)
-  return f"{reasoning} So: {answer}.</think><answer>{answer}</answer>"
+  return f"{reasoning}{f' So: {answer}.' if moves_in_reasoning else ''}</think><answer>{answer}</answer>"
 
 
 def format_rows(states, tokenizer, *, observed: bool, rows: int, row_len: int, max_moves: int, seed: int = 0):
@@ -183,7 +184,8 @@ TEMPLATES = {"sokoban": ("the box must reach the target.", "push the box toward 
 
 
 def solver_policy(env, env_params, tokenizer, max_new_tokens: int, actions_per_turn: int, mistake_rate: float,
-                  single_move_rate: float = 0.0, habit_move: str = "Up", seed: int = 0, template_rate: float = 0.0):
+                  single_move_rate: float = 0.0, habit_move: str = "Up", seed: int = 0, template_rate: float = 0.0,
+                  templates: int = 4):
   """A host-rollout policy that replies with the solver's next moves in `env` (action names per episode).
 
   Imperfections: a `single_move_rate` share of turns makes only the plan's first move (a hesitant
@@ -191,8 +193,9 @@ def solver_policy(env, env_params, tokenizer, max_new_tokens: int, actions_per_t
   the plan's first move: the habit `habit_move` (another move where the plan starts with it), or with
   `habit_move` "" another move drawn at random (Bandit, whose actions are the episode's arm names: at 0.5 the
   arm pulled is a fair coin). The habit survives low-temperature sampling of the SFT policy, so RL has it to
-  unlearn. A `template_rate` share of turns reasons with one of the env's `TEMPLATES`, drawn at random, in place
-  of the positions; their moves are the same.
+  unlearn. A `template_rate` share of turns reasons with one of the first `templates` of the env's `TEMPLATES`,
+  drawn at random, and nothing else: the same moves follow in the answer only, so the reasoning names nothing of
+  the input.
   """
   rng = np.random.default_rng(seed)
 
@@ -205,8 +208,9 @@ def solver_policy(env, env_params, tokenizer, max_new_tokens: int, actions_per_t
       state = unbatch(env_state, i)
       names = env.episode_action_names(state, env_params)
       plan, reasoning = plan_and_reason(env.name, state, names)
-      if template_rate and rng.random() < template_rate:  # no draw at 0: the demonstrations stay the same
-        reasoning = TEMPLATES[env.name][int(rng.integers(len(TEMPLATES[env.name])))]
+      templated = bool(template_rate) and rng.random() < template_rate  # no draw at 0: the demonstrations stay
+      if templated:
+        reasoning = TEMPLATES[env.name][int(rng.integers(templates))]
       moves = list(plan[:1 if rng.random() < single_move_rate else actions_per_turn]) or [
           int(rng.integers(len(names)))]
       if rng.random() < mistake_rate:
@@ -215,7 +219,8 @@ def solver_policy(env, env_params, tokenizer, max_new_tokens: int, actions_per_t
           moves[0] = habit
         else:  # the plan starts with the habit, or there is no habit: another move, at random
           moves[0] = int(rng.choice([a for a in range(len(names)) if a != moves[0]]))
-      ids = tokenizer.encode(reply_text(reasoning, [names[a] for a in moves])) + [tokenizer.eos_token_id]
+      ids = tokenizer.encode(reply_text(reasoning, [names[a] for a in moves], not templated)) + [
+          tokenizer.eos_token_id]
       if len(ids) > max_new_tokens:
         raise ValueError(f"a demonstration reply has {len(ids)} tokens; raise rollout.max_new_tokens")
       tokens[i, :len(ids)], lengths[i] = ids, len(ids)

@@ -67,7 +67,7 @@ def demonstrations(config, env_name, tokenizer):
   assets = build_assets(tokenizer, env, params, rollout)
   policy = solver_policy(env, params, tokenizer, rollout.max_new_tokens, rollout.max_actions_per_turn,
                          config.demo.mistake_rate, config.demo.single_move_rate, config.demo.habit_move,
-                         seed=config.seed, template_rate=config.demo.template_rate)
+                         seed=config.seed, template_rate=config.demo.template_rate, templates=config.demo.templates)
   count = config.demo.sft_episodes
   traj = host_rollout(policy, env, params, assets, rollout, np.arange(DEMO_SEED_BASE, DEMO_SEED_BASE + count),
                       np.arange(count), jax.random.PRNGKey(config.seed), seq_len=slot_layout(assets, rollout)[2])
@@ -119,6 +119,10 @@ def sft_schedule(config, env_names, kind: str = "demo"):
       raise config_lib.ConfigError(
           f"demo.habit_move {config.demo.habit_move!r} is not a {name} action "
           + (f"({', '.join(actions)})" if actions else "(its actions are each episode's own: set it to '')"))
+    available = len(TEMPLATES.get(name, ()))
+    config_lib.check("demo.templates", not config.demo.template_rate or 1 <= config.demo.templates <= available,
+                     f"{name} has {available} templates (`demonstrations.TEMPLATES`) for demo.template_rate "
+                     f"{config.demo.template_rate}", config.demo.templates)
   return schedule
 
 

@@ -1,7 +1,8 @@
 """The study's work: one warm start per environment, then the runs of each selected sub-study, then its report.
 
 Layout under `workdir`: `warm_start/<env>/` (tokenizer, SFT model, `warm_start.json` once complete; other
-kinds, `Run.warm_start`, in `warm_start/<env>-<kind>/`),
+kinds, `Run.warm_start`, in `warm_start/<env>-<kind>/`, and a KL reference, `Run.reference`, in
+`warm_start/<env>-<kind>-reference/`),
 `<study>/rl/<run>/` (each run's RL directory), `<study>/runs/<run>.json` (its summary, written when it
 finishes: a restarted study skips the runs that have one, and starts an unfinished run again) and the
 sub-study's report files (`study.report`).
@@ -32,12 +33,13 @@ LAST_VALUES = {"final_mi_zscore": "collapse/trajectory/mi_zscore",
                "final_policy_entropy": "update/policy_entropy"}
 
 
-def run_config(config, run: Run):
-  """`config` with the run's environment, RL seed and overrides."""
+def run_config(config, run: Run, reference_dir: str = ""):
+  """`config` with the run's environment, RL seed and overrides (and `reference_dir`, its KL reference model)."""
   rl_config = copy.deepcopy(config)
   rl_config.seed = config.seed + run.seed
   rl_config.env.name = run.env
   rl_config.update_from_flattened_dict(run.overrides)
+  rl_config.model.reference_path = reference_dir
   return rl_config
 
 
@@ -56,6 +58,13 @@ def warm_start_config(config, run: Run):
   if run.warm_start != "demo":
     ws_config.update_from_flattened_dict(run.overrides)
   return ws_config
+
+
+def reference_config(config, run: Run):
+  """The config of the warm start that is `run`'s KL reference (`Run.reference`)."""
+  ref_config = warm_start_config(config, run)
+  ref_config.update_from_flattened_dict(run.reference)
+  return ref_config
 
 
 def shared_warm_start(config, env: str, kind: str = "demo") -> str:
@@ -87,14 +96,15 @@ def _last(rows: list[dict], key: str) -> float | None:
   return values[-1] if values else None
 
 
-def reinforce_run(config, run: Run, sft_dir: str, study_dir: str) -> dict:
-  """RL of `run` from `sft_dir`; returns its summary."""
+def reinforce_run(config, run: Run, sft_dir: str, study_dir: str, reference_dir: str = "") -> dict:
+  """RL of `run` from `sft_dir` (with `reference_dir`'s model as the KL reference); returns its summary."""
   clock = time.time()
   heldout = studies.HELDOUT_PARAMS.get(run.env)
-  trainer, start, final = reinforce(run_config(config, run), run.env, sft_dir, paths.join(study_dir, "rl", run.name),
-                                    heldout)
+  trainer, start, final = reinforce(run_config(config, run, reference_dir), run.env, sft_dir,
+                                    paths.join(study_dir, "rl", run.name), heldout)
   rows = read_metrics(trainer.workdir)
   return ({"name": run.name, "env": run.env, "setting": run.setting, "seed": run.seed, "overrides": run.overrides,
+           "reference": run.reference,
            "iterations": trainer.iteration, "early_stop": bool(final.get("early_stop", 0.0)),
            "sft_val_success": start["val/success"], "final_val_success": final["val/success"],
            "positions_read": [start["val/positions_read"], final["val/positions_read"]],
@@ -119,11 +129,16 @@ def run_study(config) -> dict:
     for run in runs:
       read_settings(run_config(config, run))
       sft_schedule(warm_start_config(config, run), [run.env], run.warm_start)
+      if run.reference:
+        sft_schedule(reference_config(config, run), [run.env], run.warm_start)
   dirs = {name: paths.join(config.workdir, name) for name in plans}
   todo = [(name, run) for name, runs in plans.items() for run in runs if not paths.exists(record_path(dirs[name], run))]
   log(f"studies {', '.join(plans)}: {sum(map(len, plans.values()))} runs, {len(todo)} still to run")
   firsts = {(run.env, run.warm_start): run for _, run in todo}  # one warm start per environment and kind
   warm = {key: shared_warm_start(warm_start_config(config, run), *key) for key, run in firsts.items()}
+  references = {(run.env, run.warm_start): run for _, run in todo if run.reference}  # one per env and kind
+  references = {key: shared_warm_start(reference_config(config, run), key[0], f"{key[1]}-reference")
+                for key, run in references.items()}
   # the time left: the mean time of the runs finished so far, this time or before, per run still to run
   minutes = [json.loads(paths.read_text(record_path(dirs[name], run)))["minutes"] for name, runs in plans.items()
              for run in runs if (name, run) not in todo]
@@ -134,7 +149,8 @@ def run_study(config) -> dict:
         continue
       eta = f", about {np.mean(minutes) * (len(todo) - done):.0f} min left" if minutes else ""
       log(f"run {done + 1}/{len(todo)}: {name} {run.name}{eta}")
-      record = reinforce_run(config, run, warm[run.env, run.warm_start], dirs[name])
+      record = reinforce_run(config, run, warm[run.env, run.warm_start], dirs[name],
+                             references.get((run.env, run.warm_start), ""))
       paths.write_text(record_path(dirs[name], run), json.dumps(record, indent=2))
       minutes.append(record["minutes"])
       done += 1

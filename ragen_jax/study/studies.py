@@ -38,6 +38,18 @@ COLLAPSE_SETTINGS = {name: COLLAPSE | {"filter.enabled": enabled} for name, enab
 TEMPLATE_COLLAPSE = {"demo.template_rate": 0.5, "algorithm.entropy_coef": 0.05}
 TEMPLATE_SETTINGS = {f"templates_{name}": TEMPLATE_COLLAPSE | {"filter.enabled": enabled}
                      for name, enabled in SETTINGS.items()}
+# A third arm, where the pull toward templates is the KL loss's and not the entropy bonus's: the policy starts from
+# a warm start with templates in 30% of its turns (`Run.warm_start` "few-templates"), and the KL reference is a
+# warm start of the same SFT with templates in every turn (`Run.reference`, `model.reference_path`), as when the
+# reference is a base model whose reasoning is generic. The KL loss is the squared log-ratio: k3 (`low_var_kl`) is
+# clipped at 10 nats per token and gives the reading tokens, far less likely under the reference, no gradient. In
+# docs/results.md (2026-12-06) the reasoning became input-agnostic without the filter in all 3 seeds (MI and
+# retrieval accuracy to chance) and the alarm fired in one; the filter slowed it.
+REFERENCE_COLLAPSE = {"demo.template_rate": 0.3, "demo.templates": 1, "algorithm.use_kl_loss": True,
+                      "algorithm.kl_coef": 0.1, "algorithm.kl_estimator": "mse"}
+REFERENCE_DEMO = {"demo.template_rate": 1.0}
+REFERENCE_SETTINGS = {f"reference_{name}": REFERENCE_COLLAPSE | {"filter.enabled": enabled}
+                      for name, enabled in SETTINGS.items()}
 # Sub-study 4, a real pretrained model (`study.pretrained_model`, "" the bundled SmolLM2-135M-Instruct) with its
 # own tokenizer and chat template: a short SFT on solver demonstrations (format only: no tokenizer training, no
 # format stages), then GRPO with the filter. Sized for about 45 min on a 2-core CPU (FrozenLake: about 70, where
@@ -99,7 +111,7 @@ class StudyConfig:
     for setting in filter(None, self.only.split(",")):
       check_one_of("study.only", setting,
                    {**FILTER_SETTINGS, **CORRELATION_SETTINGS, **COLLAPSE_SETTINGS, **TEMPLATE_SETTINGS,
-                    PRETRAINED_SETTING: PRETRAINED})
+                    **REFERENCE_SETTINGS, PRETRAINED_SETTING: PRETRAINED})
     for key in ("filter_seeds", "correlation_seeds", "collapse_seeds", "pretrained_seeds", "bootstrap"):
       check(f"study.{key}", getattr(self, key) >= 1, "must be >= 1", getattr(self, key))
 
@@ -111,19 +123,22 @@ class StudyConfig:
 @dataclasses.dataclass(frozen=True)
 class Run:
   """One RL run of a sub-study: its file name, environment, setting name, RL seed and config overrides, and the
-  warm start it starts from: "demo" (the demo's scratch model), "templates" (the same, its `demo` settings from the
-  overrides) or "pretrained" (`model.path` fine-tuned)."""
+  warm start it starts from: "demo" (the demo's scratch model), "pretrained" (`model.path` fine-tuned) or another
+  name (the demo's SFT, its `demo` settings from the overrides). `reference`: if set, the `demo` overrides (over
+  the run's) of a second warm start of that kind, the KL loss's reference (`model.reference_path`)."""
   name: str
   env: str
   setting: str
   seed: int
   overrides: dict
   warm_start: str = "demo"
+  reference: dict | None = None
 
 
-def _grid(env_names, settings: dict, seeds: int, only: str, warm_start: str = "demo") -> list[Run]:
+def _grid(env_names, settings: dict, seeds: int, only: str, warm_start: str = "demo",
+          reference: dict | None = None) -> list[Run]:
   chosen = set(only.split(",")) if only else set(settings)
-  return [Run(f"{env}-{setting}-s{seed}", env, setting, seed, overrides, warm_start) for env in env_names
+  return [Run(f"{env}-{setting}-s{seed}", env, setting, seed, overrides, warm_start, reference) for env in env_names
           for seed in range(seeds) for setting, overrides in settings.items() if setting in chosen]
 
 
@@ -138,4 +153,6 @@ def study_runs(study: StudyConfig, name: str) -> list[Run]:
                 | {"model.path": study.pretrained_model}}
     return _grid([study.pretrained_env], settings, study.pretrained_seeds, study.only, "pretrained")
   return (_grid([study.collapse_env], COLLAPSE_SETTINGS, study.collapse_seeds, study.only)
-          + _grid([study.collapse_env], TEMPLATE_SETTINGS, study.collapse_seeds, study.only, "templates"))
+          + _grid([study.collapse_env], TEMPLATE_SETTINGS, study.collapse_seeds, study.only, "templates")
+          + _grid([study.collapse_env], REFERENCE_SETTINGS, study.collapse_seeds, study.only, "few-templates",
+                  REFERENCE_DEMO))

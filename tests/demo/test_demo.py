@@ -79,19 +79,22 @@ def test_template_replies_reason_without_the_observation_and_keep_the_moves(toke
   env, params = envs.make(env_name)
   names = env.action_names(params)
   states = reset_batch(env, params, jnp.arange(64))
-  policy = solver_policy(env, params, tokenizer, 64, 2, 0.0, 0.0, seed=0, template_rate=0.5)
-  replies = policy(None, np.ones(64, bool), states, None)
-  templated = []
-  for i in range(64):
-    state = unbatch(states, i)
-    plan, reasoning = plan_and_reason(env_name, state, names)
-    text = tokenizer.decode(replies.tokens_BN[i, :replies.lengths_B[i]], skip_special_tokens=True)
-    said, answer = text.split(" So: ")[0], text.split("<answer>")[1].split("</answer>")[0]
-    assert said in TEMPLATES[env_name] + (reasoning,) and answer == " || ".join(names[a] for a in plan[:2]), text
-    templated.append(said if said in TEMPLATES[env_name] else None)
-    assert reply_checks(env_name, env.render_text(state, params), text)[0] == (templated[-1] is None), text
-  said = [t for t in templated if t]  # half the turns (0.5 +- 0.19 at 3 standard deviations), templates at random
-  assert 0.31 < len(said) / 64 < 0.69 and len(set(said)) > 1
+  for templates in (4, 1):
+    policy = solver_policy(env, params, tokenizer, 64, 2, 0.0, 0.0, seed=0, template_rate=0.5, templates=templates)
+    replies = policy(None, np.ones(64, bool), states, None)
+    templated = []
+    for i in range(64):
+      state = unbatch(states, i)
+      plan, reasoning = plan_and_reason(env_name, state, names)
+      text = tokenizer.decode(replies.tokens_BN[i, :replies.lengths_B[i]], skip_special_tokens=True)
+      said, answer = text.split("</think>")[0], text.split("<answer>")[1].split("</answer>")[0]
+      assert answer == " || ".join(names[a] for a in plan[:2]), text  # the plan's moves either way
+      # a template and nothing else (no moves: nothing of the input), or the solver's reasoning and its moves
+      assert said in TEMPLATES[env_name][:templates] or said == f"{reasoning} So: {answer}.", text
+      templated.append(said if said in TEMPLATES[env_name] else None)
+      assert reply_checks(env_name, env.render_text(state, params), text) == ((templated[-1] is None),) * 2, text
+    said = [t for t in templated if t]  # half the turns (0.5 +- 0.19 at 3 standard deviations), templates at random
+    assert 0.31 < len(said) / 64 < 0.69 and (len(set(said)) > 1) == (templates > 1)
 
 
 @pytest.mark.parametrize("mistake_rate", [0.0, 0.5])

@@ -38,6 +38,16 @@ def test_default_grids_are_the_issues_and_valid():
   assert ws_config.demo.template_rate == 0.5 and config.demo.template_rate == 0.0
   step = config.demo.copy_steps + config.demo.reading_steps + config.demo.sft_steps - 50  # in the demo's decay
   assert sft_schedule(ws_config, ["sokoban"], "templates")(step) == sft_schedule(config, ["sokoban"])(step)
+  ws_config.demo.templates = 5
+  with pytest.raises(ConfigError, match=r"^demo.templates=5: sokoban has 4 templates .* for demo.template_rate 0.5$"):
+    sft_schedule(ws_config, ["sokoban"], "templates")
+  referenced = [run for run in runs["collapse"] if run.reference]  # the KL loss pulls toward all-template reasoning
+  assert {run.setting for run in referenced} == set(studies.REFERENCE_SETTINGS)
+  assert len(referenced) == 2 * study.collapse_seeds and {run.warm_start for run in referenced} == {"few-templates"}
+  assert all(run.overrides["algorithm.use_kl_loss"] for run in referenced)
+  assert runner.warm_start_config(config, referenced[0]).demo.template_rate == 0.3
+  assert runner.reference_config(config, referenced[0]).demo.template_rate == 1.0
+  assert runner.run_config(config, referenced[0], "/ref").model.reference_path == "/ref"
   for env in ("frozenlake", "bandit"):  # the bundled model, its RL and SFT settings valid on either
     [pretrained] = study_runs(dataclasses.replace(study, pretrained_env=env), "pretrained")
     assert pretrained.env == env and pretrained.overrides["model.path"] == "" and pretrained.warm_start == "pretrained"
@@ -92,14 +102,16 @@ def test_two_iteration_study_writes_every_file_and_resumes(tmp_path, monkeypatch
     runner.shared_warm_start(changed, "frozenlake")
 
   # a restart of every sub-study: the warm start and the finished run are not redone, the other runs are
-  def fake_run(config, run, sft_dir, study_dir):
+  def fake_run(config, run, sft_dir, study_dir, reference_dir):
     ran.append(f"{study_dir.rsplit('/', 1)[1]}/{run.name}")
+    assert sft_dir == str(tmp_path / ("warm_start/frozenlake/sft_model" if run.warm_start == "demo" else "sft"))
+    assert reference_dir == (str(tmp_path / "sft") if run.reference else "")
     return record | {"name": run.name, "setting": run.setting, "seed": run.seed,
                      "final_val_success": len(ran) / 20, "final_mi_zscore": len(ran) % 3, "gain": 0.0}
 
-  def fake_warm_start(ws_config, env_names):  # trains a warm start: on the restart, only the templates' is new
-    made.append((ws_config.workdir, ws_config.demo.template_rate))
-    return str(tmp_path / "templates_sft"), None, {env_names[0]: 0.5}
+  def fake_warm_start(ws_config, env_names):  # trains a warm start: on the restart, only the templates' are new
+    made.append((ws_config.workdir.rsplit("/", 1)[1], ws_config.demo.template_rate))
+    return str(tmp_path / "sft"), None, {env_names[0]: 0.5}
 
   ran, made = [], []
   monkeypatch.setattr(runner, "warm_start", fake_warm_start)
@@ -108,9 +120,11 @@ def test_two_iteration_study_writes_every_file_and_resumes(tmp_path, monkeypatch
   capsys.readouterr()
   results = runner.run_study(config)
   assert ran[0] == "filter/frozenlake-no_filter-s0" and "filter/frozenlake-snr_filter-s0" not in ran
-  assert made == [(str(tmp_path / "warm_start/frozenlake-templates"), studies.TEMPLATE_COLLAPSE["demo.template_rate"])]
-  assert len(ran) == 1 + len(CORRELATION_SETTINGS) + len(studies.COLLAPSE_SETTINGS) + len(studies.TEMPLATE_SETTINGS)
-  assert f"run {len(ran)}/{len(ran)}: collapse frozenlake-templates_snr_filter-s0, about" in capsys.readouterr().out
+  assert made == [("frozenlake-templates", 0.5), ("frozenlake-few-templates", 0.3),
+                  ("frozenlake-few-templates-reference", 1.0)]
+  assert len(ran) == 1 + len(CORRELATION_SETTINGS) + len(studies.COLLAPSE_SETTINGS) + len(studies.TEMPLATE_SETTINGS) \
+      + len(studies.REFERENCE_SETTINGS)
+  assert f"run {len(ran)}/{len(ran)}: collapse frozenlake-reference_snr_filter-s0, about" in capsys.readouterr().out
   assert results["correlation"]["summary"]["final_mi_zscore"]["low"] is not None
   pngs = {"filter": ["curves.png"], "correlation": [f"{key}.png" for _, key, _ in PREDICTORS],
           "collapse": ["curves.png"]}
@@ -182,8 +196,9 @@ def test_pretrained_substudy_fine_tunes_the_checkpoint_in_its_own_template(tmp_p
     demonstrated.extend(tokenizer.decode(ids) for ids, _ in examples)
     return examples, success
 
-  def fake_run(config, run, sft_dir, study_dir):  # the RL itself is every sub-study's (the test above)
+  def fake_run(config, run, sft_dir, study_dir, reference_dir):  # the RL itself is every sub-study's (the test above)
     ran.append((run, sft_dir))
+    assert reference_dir == ""  # the KL reference is the policy's start
     heldout = studies.HELDOUT_PARAMS.get(run.env)  # the real RL's record (the two-iteration test above)
     return _record(run.env, run.setting, run.seed, 0.3, 0.35, 0.1, name=run.name, sft_val_success=0.2, minutes=1.0,
                    curves={"collapse/trajectory/mi_zscore": [[1, 1.0], [2, 0.5]],
