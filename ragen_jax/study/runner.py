@@ -136,9 +136,8 @@ def run_study(config) -> dict:
   log(f"studies {', '.join(plans)}: {sum(map(len, plans.values()))} runs, {len(todo)} still to run")
   firsts = {(run.env, run.warm_start): run for _, run in todo}  # one warm start per environment and kind
   warm = {key: shared_warm_start(warm_start_config(config, run), *key) for key, run in firsts.items()}
-  references = {(run.env, run.warm_start): run for _, run in todo if run.reference}  # one per env and kind
   references = {key: shared_warm_start(reference_config(config, run), key[0], f"{key[1]}-reference")
-                for key, run in references.items()}
+                for key, run in firsts.items() if run.reference}  # the KL reference of a kind's runs
   # the time left: the mean time of the runs finished so far, this time or before, per run still to run
   minutes = [json.loads(paths.read_text(record_path(dirs[name], run)))["minutes"] for name, runs in plans.items()
              for run in runs if (name, run) not in todo]

@@ -33,8 +33,7 @@ COLLAPSE_SETTINGS = {name: COLLAPSE | {"filter.enabled": enabled} for name, enab
 # A second collapse arm, from a warm start with template collapse already in it: half of its demonstration turns
 # reason with an input-agnostic template (`demonstrations.TEMPLATES`), and RL's entropy bonus is 50x the demo's,
 # the regulariser the SNR argument says dominates when few groups have reward variance. In docs/results.md
-# (2026-12-06) the templates grew without the filter in all 3 seeds, and then the entropy ran away; with it the
-# reading share ended 23-37 points higher.
+# (2026-12-06, the rerun) the templates grew in all 3 seeds, less with the filter (reading 13-23 points higher).
 TEMPLATE_COLLAPSE = {"demo.template_rate": 0.5, "algorithm.entropy_coef": 0.05}
 TEMPLATE_SETTINGS = {f"templates_{name}": TEMPLATE_COLLAPSE | {"filter.enabled": enabled}
                      for name, enabled in SETTINGS.items()}
