@@ -153,10 +153,12 @@ def load_model(path: str, mesh: jax.sharding.Mesh, key: str = "model.path", adap
 
 def load_reference(settings: ModelSettings, model: Model, tokenizer) -> dict:
   """The weights of the KL reference checkpoint `settings.reference_path` in `model`'s shardings (without LoRA
-  adapters); ConfigError unless its parameter shapes and its tokenizer's vocabulary are `model`'s."""
+  adapters), loaded straight in `model.ref_dtype` (no float32 copy on the way to a bfloat16 reference);
+  ConfigError unless its parameter shapes and its tokenizer's vocabulary are `model`'s."""
   key = f"model.reference_path={settings.reference_path!r}"
+  computation = settings.computation() | {"lora": None, "param_dtype": settings.reference_dtype}
   reference, reference_tokenizer = load_model(settings.reference_path, model.mesh, key="model.reference_path",
-                                              **(settings.computation() | {"lora": None}))
+                                              **computation)
   shapes = lambda params: jax.tree.map(lambda x: x.shape, params)  # noqa: E731
   if shapes(reference.params) != shapes(lora_lib.split(model.config, model.params)[0] or model.params):
     raise ConfigError(f"{key}: its parameter shapes are not model.path's; the reference must be the same architecture")

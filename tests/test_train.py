@@ -20,6 +20,7 @@ from PIL import Image
 from safetensors.numpy import load_file
 
 from ragen_jax import preemption
+from ragen_jax.assembly import load_reference
 from ragen_jax.checkpoint import Checkpointer, RestoreError, abstract_like
 from ragen_jax.config import ConfigError, load_config_file
 from ragen_jax.finite import first_nonfinite
@@ -324,12 +325,16 @@ def test_a_reference_checkpoint_is_what_the_kl_loss_scores_against(replying_mode
   reference_dir = reference.export(tmp_path / "reference", tokenizer)
   config = _config(replying_model_dir, tmp_path / "run", **{
       "mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2, "algorithm.preset": "grpo", "algorithm.use_kl_loss": True,
-      "model.reference_path": str(reference_dir), "train.val_every": 0, "filter.enabled": False})
+      "model.reference_path": str(reference_dir), "model.ref_dtype": "bfloat16", "train.val_every": 0,
+      "filter.enabled": False})
   trainer = Trainer.create(config)
   for (path, ref), p, expected in zip(jax.tree_util.tree_flatten_with_path(trainer.ref_params)[0],
                                       jax.tree.leaves(trainer.exp.model.params), jax.tree.leaves(reference.params)):
     assert ref.sharding.is_equivalent_to(p.sharding, ref.ndim), jax.tree_util.keystr(path)  # the policy's shardings
-    np.testing.assert_array_equal(np.asarray(ref), np.asarray(expected))
+    np.testing.assert_array_equal(np.asarray(ref), np.asarray(expected.astype(jnp.bfloat16)))
+  # loaded in bfloat16, not loaded in the policy's float32 and cast afterwards (a transient full copy at scale)
+  loaded = load_reference(trainer.settings.model, trainer.exp.model, trainer.exp.tokenizer)
+  assert {x.dtype for x in jax.tree.leaves(loaded)} == {jnp.dtype(jnp.bfloat16)}
   # the policy starts as the replying model, far from a random one (against its own start the KL would be ~0)
   assert trainer.train_iteration()["update/kl_loss"] > 1.0
   trainer.checkpointer.close()
