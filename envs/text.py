@@ -373,12 +373,14 @@ def _token_lengths(vocab: VocabTable, ids_T: jax.Array, length: jax.Array) -> tu
   return safe_T, jnp.where(known_T, vocab.len_V[safe_T], 0)
 
 
-def _token_chars(vocab: VocabTable, ids_T: jax.Array, length: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """Concatenated bytes of ids_T[:length] as uint8[T * B] (zero-padded) and their count."""
+def _token_chars(vocab: VocabTable, ids_T: jax.Array, length: jax.Array,
+                 buffer_bytes: int | None) -> tuple[jax.Array, jax.Array]:
+  """Concatenated bytes of ids_T[:length] as uint8[`buffer_bytes`] (zero-padded; None: T * B, room for any ids)
+  and their count."""
   num_tokens, width = ids_T.shape[0], vocab.bytes_VB.shape[1]
   safe_T, len_T = _token_lengths(vocab, ids_T, length)
   start_T = jnp.cumsum(len_T) - len_T
-  size = num_tokens * width
+  size = buffer_bytes or num_tokens * width
   offset_B = jnp.arange(width)
   dest_TB = jnp.where(offset_B < len_T[:, None], start_T[:, None] + offset_B, size)
   chars = jnp.zeros((size,), jnp.uint8).at[dest_TB.ravel()].set(vocab.bytes_VB[safe_T].ravel(), mode="drop")
@@ -449,9 +451,11 @@ class _Turn:
   found: jax.Array
 
 
-def _read_turn(vocab: VocabTable, ids_T: jax.Array, length: jax.Array, enable_think: bool) -> _Turn:
-  """The answer block of a reply (ids_T[:length], the generation after the prompt's `<think>`)."""
-  chars, count = _token_chars(vocab, ids_T, length)
+def _read_turn(vocab: VocabTable, ids_T: jax.Array, length: jax.Array, enable_think: bool,
+               buffer_bytes: int | None) -> _Turn:
+  """The answer block of a reply (ids_T[:length], the generation after the prompt's `<think>`), read on a buffer of
+  `buffer_bytes` (`_token_chars`)."""
+  chars, count = _token_chars(vocab, ids_T, length, buffer_bytes)
   size = chars.shape[0]
   position = jnp.arange(size)
   blank = _blank(chars, count)
@@ -471,17 +475,19 @@ def _read_turn(vocab: VocabTable, ids_T: jax.Array, length: jax.Array, enable_th
                found=has_open & has_close)
 
 
-@functools.partial(jax.jit, static_argnames=("enable_think",))
-def reasoning_length(vocab: VocabTable, ids_T: jax.Array, length: jax.Array, enable_think: bool = True) -> jax.Array:
+@functools.partial(jax.jit, static_argnames=("enable_think", "buffer_bytes"))
+def reasoning_length(vocab: VocabTable, ids_T: jax.Array, length: jax.Array, enable_think: bool = True,
+                     buffer_bytes: int | None = None) -> jax.Array:
   """Tokens of a reply (ids_T[:length]) strictly before the token where the `</think>` that closes its
-  reasoning starts; 0 without a well-formed answer block or without `enable_think` (vmap for a batch).
+  reasoning starts; 0 without a well-formed answer block or without `enable_think` (`reasoning_lengths` for a
+  batch). `buffer_bytes` must hold the reply's bytes (None: room for any ids).
 
   The grammar runs on the reply's bytes, so it finds the tags however the model split them into tokens;
   a token that holds bytes before the `</think>` as well is not counted.
   """
   if not enable_think:
     return jnp.zeros((), jnp.int32)
-  turn = _read_turn(vocab, ids_T, length, enable_think)
+  turn = _read_turn(vocab, ids_T, length, enable_think, buffer_bytes)
   _, len_T = _token_lengths(vocab, ids_T, length)
   return jnp.where(turn.found, jnp.sum(jnp.cumsum(len_T) <= turn.reasoning_end), 0).astype(jnp.int32)
 
@@ -490,7 +496,7 @@ def _shift_right(x: jax.Array, fill) -> jax.Array:
   return jnp.concatenate([jnp.full((1,), fill, x.dtype), x[:-1]])
 
 
-@functools.partial(jax.jit, static_argnames=("max_actions", "keep_unknown", "enable_think"))
+@functools.partial(jax.jit, static_argnames=("max_actions", "keep_unknown", "enable_think", "buffer_bytes"))
 def parse_actions(
   vocab: VocabTable,
   ids_T: jax.Array,
@@ -500,15 +506,16 @@ def parse_actions(
   max_actions: int,
   keep_unknown: bool = False,
   enable_think: bool = True,
+  buffer_bytes: int | None = None,
 ) -> ParsedActions:
-  """Device parser for one reply's ids, the generation after the prompt's `<think>` (vmap for a batch);
-  see module docstring.
+  """Device parser for one reply's ids, the generation after the prompt's `<think>` (`parse_replies` for a
+  batch); see module docstring.
 
   names_AL/names_len_A come from `action_name_table` (or an env's
-  `action_name_table(state, params)`). Works on the turn's bytes, a buffer of
-  T x (longest token in bytes) characters.
+  `action_name_table(state, params)`). Works on the turn's bytes, in a buffer of
+  `buffer_bytes` that must hold them (None: T x (longest token in bytes), room for any ids).
   """
-  turn = _read_turn(vocab, ids_T, length, enable_think)
+  turn = _read_turn(vocab, ids_T, length, enable_think, buffer_bytes)
   position = jnp.arange(turn.chars.shape[0])
   kelvin = _hits(turn.chars, turn.count, *_pattern(_KELVIN))
   in_block = turn.found & (position >= turn.begin) & (position < turn.end)
@@ -554,3 +561,51 @@ def parse_actions(
   actions = jnp.full((max_actions,), -1, jnp.int32).at[dest].set(id_K, mode="drop")
   n_known = jnp.sum(known).astype(jnp.int32)
   return ParsedActions(actions_K=actions, n_actions=n_known, valid=turn.found & (kept > 0) & (n_known == kept))
+
+
+NARROW_TOKEN_BYTES = 16  # bytes per token of the batch parsers' usual buffer (text averages ~4 in LLM vocabularies)
+
+
+def reply_bytes(vocab: VocabTable, ids_BT: jax.Array, lengths_B: jax.Array) -> jax.Array:
+  """int32[B]: how many bytes each reply ids_BT[b, :lengths_B[b]] decodes to."""
+  return jax.vmap(lambda ids, n: jnp.sum(_token_lengths(vocab, ids, n)[1]))(ids_BT, lengths_B)
+
+
+def _on_fitting_buffer(vocab: VocabTable, ids_BT: jax.Array, lengths_B: jax.Array, parse_batch, token_bytes: int):
+  """`parse_batch(buffer_bytes)` on a buffer of `token_bytes` per token when every reply's bytes fit in it, else
+  on the worst case's (the vocabulary's longest token per token), chosen for the whole batch by `lax.cond`.
+
+  The result is the same. The work is not: one long token (a tokenizer trained on repeated prompts learns
+  whole sentences; real vocabularies hold long runs of spaces or dashes) would otherwise size every reply's
+  buffer, at T x its length.
+  """
+  num_tokens, width = ids_BT.shape[-1], vocab.bytes_VB.shape[1]
+  narrow = num_tokens * min(width, token_bytes)
+  if narrow == num_tokens * width:
+    return parse_batch(None)
+  fits = jnp.max(reply_bytes(vocab, ids_BT, lengths_B), initial=0) <= narrow
+  return jax.lax.cond(fits, lambda: parse_batch(narrow), lambda: parse_batch(None))
+
+
+def parse_replies(vocab: VocabTable, ids_BT: jax.Array, lengths_B: jax.Array, names_BAL: jax.Array,
+                  names_len_BA: jax.Array, max_actions: int, keep_unknown: bool = False, enable_think: bool = True,
+                  token_bytes: int = NARROW_TOKEN_BYTES) -> ParsedActions:
+  """Jittable: `parse_actions` of a batch of replies, each with its own action names, on a byte buffer of
+  `token_bytes` per token when every reply fits in it (`_on_fitting_buffer`)."""
+  def parse_batch(buffer_bytes):
+    parse = functools.partial(parse_actions, max_actions=max_actions, keep_unknown=keep_unknown,
+                              enable_think=enable_think, buffer_bytes=buffer_bytes)
+    return jax.vmap(parse, in_axes=(None, 0, 0, 0, 0))(vocab, ids_BT, lengths_B, names_BAL, names_len_BA)
+
+  return _on_fitting_buffer(vocab, ids_BT, lengths_B, parse_batch, token_bytes)
+
+
+def reasoning_lengths(vocab: VocabTable, ids_BT: jax.Array, lengths_B: jax.Array, enable_think: bool = True,
+                      token_bytes: int = NARROW_TOKEN_BYTES) -> jax.Array:
+  """Jittable: int32[B], `reasoning_length` of a batch of replies, on a byte buffer of `token_bytes` per token
+  when every reply fits in it (`_on_fitting_buffer`)."""
+  def lengths_batch(buffer_bytes):
+    return jax.vmap(functools.partial(reasoning_length, enable_think=enable_think, buffer_bytes=buffer_bytes),
+                    in_axes=(None, 0, 0))(vocab, ids_BT, lengths_B)
+
+  return _on_fitting_buffer(vocab, ids_BT, lengths_B, lengths_batch, token_bytes)

@@ -116,7 +116,7 @@ def build_assets(tokenizer, env, env_params, config: RolloutConfig, table_size: 
 def reasoning_lengths(vocab: env_text.VocabTable, ids_BN, lengths_B, enable_think: bool) -> jax.Array:
   """int32[B]: reasoning tokens of each reply (ids_BN[:lengths_B]) under the answer grammar
   (`envs.text.reasoning_length`); the reasoning length of every rollout path."""
-  return jax.vmap(env_text.reasoning_length, in_axes=(None, 0, 0, None))(vocab, ids_BN, lengths_B, enable_think)
+  return env_text.reasoning_lengths(vocab, ids_BN, lengths_B, enable_think)
 
 
 @flax.struct.dataclass
@@ -135,10 +135,9 @@ def act(env, env_params, assets: RolloutAssets, config: RolloutConfig, key, env_
         active_B, actions_left_B) -> TurnOutcome:
   """Jittable: parses each active row's reply and steps its env with its recognised actions (at most
   `max_actions_per_turn`, within the trajectory's action budget), also in a turn that gets the format penalty."""
-  names_AL, names_len_A = jax.vmap(lambda s: env.action_name_table(s, env_params))(env_state)
-  parsed = jax.vmap(lambda ids, n, names, names_len: env_text.parse_actions(
-      assets.vocab, ids, n, names, names_len, config.max_actions_per_turn, env.keep_unknown_actions,
-      config.enable_think))(replies_BN, lengths_B, names_AL, names_len_A)
+  names_BAL, names_len_BA = jax.vmap(lambda s: env.action_name_table(s, env_params))(env_state)
+  parsed = env_text.parse_replies(assets.vocab, replies_BN, lengths_B, names_BAL, names_len_BA,
+                                  config.max_actions_per_turn, env.keep_unknown_actions, config.enable_think)
   format_ok = parsed.valid & active_B
   reward = jnp.where(active_B & ~parsed.valid, config.format_penalty, 0.0).astype(jnp.float32)
   done = ~active_B

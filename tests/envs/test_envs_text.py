@@ -112,26 +112,32 @@ def _batch(vocab, texts_or_ids):
   return jnp.asarray(ids_BT), jnp.array([len(i) for i in ids]), ids
 
 
-def device_parse(vocab, texts_or_ids, names, max_actions, keep_unknown=False, enable_think=True):
-  """Parse a batch of replies on device: [(action ids, valid)] and the items' ids."""
+@functools.partial(jax.jit, static_argnames=("max_actions", "keep_unknown", "enable_think", "token_bytes"))
+def _parse_replies(vocab_table, ids_BT, lengths_B, names_AL, names_len_A, max_actions, keep_unknown, enable_think,
+                   token_bytes):
+  names = [jnp.broadcast_to(x, (ids_BT.shape[0],) + x.shape) for x in (names_AL, names_len_A)]
+  return text.parse_replies(vocab_table, ids_BT, lengths_B, *names, max_actions, keep_unknown, enable_think,
+                            token_bytes)
+
+
+def device_parse(vocab, texts_or_ids, names, max_actions, keep_unknown=False, enable_think=True,
+                 token_bytes=text.NARROW_TOKEN_BYTES):
+  """Parse a batch of replies on device (`text.parse_replies`): [(action ids, valid)] and the items' ids."""
   ids_BT, lengths_B, ids = _batch(vocab, texts_or_ids)
-  names_AL, names_len_A = text.action_name_table(names)
-  parse = functools.partial(text.parse_actions, max_actions=max_actions, keep_unknown=keep_unknown,
-                            enable_think=enable_think)
-  out = jax.vmap(parse, in_axes=(None, 0, 0, None, None))(
-    vocab.table, ids_BT, lengths_B, jnp.asarray(names_AL), jnp.asarray(names_len_A)
-  )
+  names_AL, names_len_A = map(jnp.asarray, text.action_name_table(names))
+  out = _parse_replies(vocab.table, ids_BT, lengths_B, names_AL, names_len_A, max_actions, keep_unknown,
+                       enable_think, token_bytes)
   return [
     ([int(a) for a in acts[:n]], bool(v))
     for acts, n, v in zip(np.asarray(out.actions_K), np.asarray(out.n_actions), np.asarray(out.valid))
   ], ids
 
 
-def device_reasoning(vocab, texts_or_ids, enable_think=True) -> list[int]:
-  """Reasoning lengths of a batch of replies on device."""
+def device_reasoning(vocab, texts_or_ids, enable_think=True, token_bytes=text.NARROW_TOKEN_BYTES) -> list[int]:
+  """Reasoning lengths of a batch of replies on device (`text.reasoning_lengths`)."""
   ids_BT, lengths_B, _ = _batch(vocab, texts_or_ids)
-  return np.asarray(jax.vmap(text.reasoning_length, in_axes=(None, 0, 0, None))(
-    vocab.table, ids_BT, lengths_B, enable_think)).tolist()
+  lengths = jax.jit(text.reasoning_lengths, static_argnames=("enable_think", "token_bytes"))
+  return np.asarray(lengths(vocab.table, ids_BT, lengths_B, enable_think, token_bytes)).tolist()
 
 
 def tokens_before(vocab, ids, num_bytes: int) -> int:
@@ -251,6 +257,28 @@ def test_parse_fuzz_host_device_agree(vocab, rng):
   # the fuzz reaches every kind of outcome
   kinds = ((0, False), (1, False), (1, True), (2, True), (3, True))
   assert {(think, n, valid) for think in (True, False) for n, valid in kinds} <= set(outcomes)
+
+
+def test_a_batch_parses_alike_on_a_narrow_buffer_and_on_the_worst_case_one(vocab, rng):
+  replies = [random_answer(rng) for _ in range(60)] + [noise(rng, 16) for _ in range(20)]
+  ids_BT, lengths_B, ids = _batch(vocab, replies)  # 128 slots a reply
+  most = int(np.max(text.reply_bytes(vocab.table, ids_BT, lengths_B)))
+  # reasoning of the vocabulary's longest token, then an answer: more than 2 bytes a token, with the answer last
+  long_reply = [int(np.argmax(vocab.table.len_V))] * 100 + vocab.encode("</think><answer>Up</answer>")
+  long_bytes = text.reply_bytes(vocab.table, jnp.asarray([long_reply]), jnp.array([len(long_reply)]))
+  assert most <= 128 * 2 < int(long_bytes[0])
+  for items in (replies, replies + [long_reply]):  # every reply fits in 2 bytes a token; then one does not
+    for enable_think in (True, False):
+      for names, max_actions, keep_unknown in ((NAMES + ARMS, 3, False), (TOGGLES, 2, True)):
+        narrow, _ = device_parse(vocab, items, names, max_actions, keep_unknown, enable_think, token_bytes=2)
+        wide, _ = device_parse(vocab, items, names, max_actions, keep_unknown, enable_think, token_bytes=10**6)
+        assert narrow == wide
+      for item_ids, device in zip(ids, narrow):
+        assert device == text.parse_actions_text(text.THINK_OPEN + vocab.tokenizer.decode(item_ids), names,
+                                                 max_actions, keep_unknown, enable_think)
+      assert device_reasoning(vocab, items, enable_think, 2) == device_reasoning(vocab, items, enable_think, 10**6)
+  assert any(valid for _, valid in narrow) and any(device_reasoning(vocab, replies, True, 2))
+  assert device_parse(vocab, [long_reply], NAMES, 2, token_bytes=2)[0] == [([0], True)]
 
 
 # The reference's own pattern (RAGEN ctx_manager), the peer of the linear-time host parser.
