@@ -10,6 +10,10 @@ restarts from its first state, so every step is live); resets are one jitted
 `SokobanEnv.step` (with its cheapest observation, and with its default one)
 and `room_utils.generate_room` (what its `reset` runs, minus the rendering),
 and gymnasium's `FrozenLake-v1`. Every rate is the best of `repeats`.
+
+Also the device parser (`envs.text.parse_replies`) on a batch of replies in 128-token slots, with SmolLM2's
+tokenizer and the demo's: on its usual buffer of `NARROW_TOKEN_BYTES` a token against the worst case's buffer
+(the vocabulary's longest token, every token).
 """
 
 from __future__ import annotations
@@ -116,6 +120,39 @@ def gymnasium_frozenlake_rate(seconds: float) -> float:
   return loop_rate(run, seconds)
 
 
+def parse_rates(batch: int, repeats: int) -> dict[str, tuple[float, float, int]]:
+  """Per tokenizer: (replies parsed per second on the narrow buffer, on the worst case's, its longest token's
+  bytes)."""
+  import tempfile
+
+  import transformers
+
+  from configs.demo import get_config
+  from envs import text
+  from ragen_jax.demo.stages import build_tokenizer
+  from ragen_jax.models.gguf_convert import bundled_tokenizer_dir
+
+  reply = ("player (1, 2), box (2, 3), target (3, 3): box goes 1 down; next push Down. So: Down || Left."
+           "</think><answer>Down || Left</answer>")
+  tokenizers = {"SmolLM2": transformers.AutoTokenizer.from_pretrained(bundled_tokenizer_dir()),
+                "demo": build_tokenizer(get_config(), ["sokoban", "frozenlake"], tempfile.mkdtemp())}
+  rates = {}
+  for name, tokenizer in tokenizers.items():
+    vocab = text.Vocab(tokenizer)
+    ids = tokenizer.encode(reply, add_special_tokens=False)
+    ids_BT = jnp.zeros((batch, 128), jnp.int32).at[:, :len(ids)].set(jnp.asarray(ids))
+    lengths_B = jnp.full((batch,), len(ids), jnp.int32)
+    names = [jnp.broadcast_to(x, (batch,) + x.shape) for x in map(jnp.asarray, text.action_name_table(
+        ("Up", "Down", "Left", "Right")))]
+    speeds = []
+    for token_bytes in (text.NARROW_TOKEN_BYTES, 10**6):
+      parse = jax.jit(functools.partial(text.parse_replies, max_actions=2, token_bytes=token_bytes))
+      jax.block_until_ready(parse(vocab.table, ids_BT, lengths_B, *names))
+      speeds.append(batch / timed(parse, vocab.table, ids_BT, lengths_B, *names, repeats=repeats)[0])
+    rates[name] = (*speeds, int(vocab.table.bytes_VB.shape[1]))
+  return rates
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--batch", type=int, default=4096, help="envs stepped in parallel")
@@ -134,6 +171,9 @@ def main() -> None:
   report("frozenlake 4x4 steps", ours_steps_per_second("frozenlake", args.batch, args.steps, args.repeats),
          "steps/s", "gymnasium FrozenLake-v1 step", gymnasium_frozenlake_rate(args.seconds))
   report("frozenlake 4x4 resets", ours_resets_per_second("frozenlake", args.batch, args.repeats), "resets/s")
+  for name, (narrow, widest, longest) in parse_rates(512, args.repeats).items():
+    report(f"parse 512 replies, {name} tokenizer", narrow, "replies/s",
+           f"worst-case buffer ({longest} bytes a token)", widest)
   for name, rate in gym.items():
     report(f"  peer: gym-sokoban {dict(tiny='step, tiny obs', rgb='step, rgb obs', generate='generate_room')[name]}",
            rate, "/s")
