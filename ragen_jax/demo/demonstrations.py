@@ -17,6 +17,7 @@ import dataclasses
 import itertools
 import re
 
+import jax
 import numpy as np
 
 from envs import solvers
@@ -204,6 +205,7 @@ def solver_policy(env, env_params, tokenizer, max_new_tokens: int, actions_per_t
     batch = len(active)
     tokens = np.zeros((batch, max_new_tokens), np.int32)
     lengths = np.zeros(batch, np.int32)
+    env_state = jax.device_get(env_state)  # one copy to the host, not one per row and field
     for i in np.flatnonzero(active):
       state = unbatch(env_state, i)
       names = env.episode_action_names(state, env_params)

@@ -51,7 +51,7 @@ def build_tokenizer(config, env_names, out_dir):
   for name in env_names:
     env, params = envs.make(name)
     actions.update(env.action_names(params))
-    texts += corpus(name, env, params, reset_batch(env, params, jnp.arange(200)), 200)
+    texts += corpus(name, env, params, jax.device_get(reset_batch(env, params, jnp.arange(200))), 200)
     texts += [prompt.system_text(env.instruction_text(params, config.rollout.max_actions_per_traj)),
               prompt.user_text(0, "", 8, config.rollout.max_new_tokens), "Reward:\n-0.1\n"] * 20
     if config.demo.template_rate:
@@ -84,7 +84,7 @@ def format_stages(config, env_names, tokenizer):
   for name in env_names:
     env, params = envs.make(name)
     names, count = env.action_names(params), config.demo.sft_episodes
-    first_states = reset_batch(env, params, jnp.arange(DEMO_SEED_BASE, DEMO_SEED_BASE + count))
+    first_states = jax.device_get(reset_batch(env, params, jnp.arange(DEMO_SEED_BASE, DEMO_SEED_BASE + count)))
     for i in range(count):
       state = unbatch(first_states, i)
       states.append((env.render_text(state, params), plan_and_reason(name, state, names)[1], names))
