@@ -1,10 +1,11 @@
 """Multi-turn rollout throughput: the device path (one jit, KV cache continued across
 turns) against pure decoding and against the host path that re-prefills every history each turn (RAGEN's way).
 
-  .venv/bin/python bench/rollout.py [--models demo,smollm2] [--batch 64] [--smollm2-batch 16] [--turns 5]
+  .venv/bin/python bench/rollout.py [--models demo,demo-words,smollm2] [--batch 64] [--smollm2-batch 16] [--turns 5]
       [--new-tokens 32]
 
-For each model (the demo's shape with random weights; the bundled SmolLM2-135M-Instruct), both paths play the same
+For each model (the demo's shape with random weights, with the demo's own tokenizer and with one that stops at word
+boundaries; the bundled SmolLM2-135M-Instruct), both paths play the same
 5-turn Sokoban episodes with EOS disabled, and pure decoding generates as many tokens per row at the same batch from
 the same first prompts (one prefill, one decode: the rollout's limit). Rates are rows x decode steps per second,
 with each path's cost over pure decode (issue 37's target: the device path's rendering, parsing, env steps and
@@ -33,6 +34,7 @@ from bench.limits import measure  # noqa: E402
 from ragen_jax import mesh as mesh_lib  # noqa: E402
 from ragen_jax.assembly import load_model  # noqa: E402
 from ragen_jax.config import load_config_file  # noqa: E402
+from ragen_jax.demo.stages import build_tokenizer  # noqa: E402
 from ragen_jax.models import Model, init_params  # noqa: E402
 from ragen_jax.models.scratch import scratch_config  # noqa: E402
 from ragen_jax.models.tokenizer import train_tokenizer  # noqa: E402
@@ -47,7 +49,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__)
-  parser.add_argument("--models", default="demo,smollm2", help="comma-separated: demo, smollm2")
+  parser.add_argument("--models", default="demo,demo-words,smollm2", help="comma-separated: demo, demo-words, smollm2")
   parser.add_argument("--batch", type=int, default=64, help="episodes of the demo model")
   parser.add_argument("--smollm2-batch", type=int, default=16, help="episodes of SmolLM2-135M")
   parser.add_argument("--turns", type=int, default=5)
@@ -64,17 +66,23 @@ def main():
 
 
 def rollout_model(name: str) -> tuple[Model, object]:
-  """(model, tokenizer): "demo", configs/demo.py's model shape with random weights and a tokenizer trained on
-  Sokoban text; "smollm2", the bundled SmolLM2-135M-Instruct and its tokenizer."""
+  """(model, tokenizer): "demo", configs/demo.py's model shape with random weights and the demo's own tokenizer
+  (`demo.stages.build_tokenizer`: its merges cross spaces, so fixed phrases are few tokens); "demo-words", the same
+  model with a tokenizer whose tokens stop at word boundaries, trained on Sokoban text (longer prompts);
+  "smollm2", the bundled SmolLM2-135M-Instruct and its tokenizer."""
   mesh = mesh_lib.single_device_mesh()
   if name == "smollm2":
     return load_model("", mesh)
-  env, params = envs.make("sokoban")
-  states = reset_batch(env, params, jnp.arange(64))
-  texts = [env.render_text(unbatch(states, i), params) for i in range(64)]
-  texts += [prompt.system_text(env.instruction_text(params, 10)), prompt.FORMAT_REMINDER] * 20
-  tokenizer = train_tokenizer(texts, 1000)
-  demo = load_config_file(os.path.join(ROOT, "configs/demo.py")).demo
+  demo_config = load_config_file(os.path.join(ROOT, "configs/demo.py"))
+  if name == "demo":
+    tokenizer = build_tokenizer(demo_config, demo_config.demo.envs.split(","), None)
+  else:
+    env, params = envs.make("sokoban")
+    states = reset_batch(env, params, jnp.arange(64))
+    texts = [env.render_text(unbatch(states, i), params) for i in range(64)]
+    texts += [prompt.system_text(env.instruction_text(params, 10)), prompt.FORMAT_REMINDER] * 20
+    tokenizer = train_tokenizer(texts, 1000)
+  demo = demo_config.demo
   model_config = scratch_config(tokenizer, hidden_size=demo.hidden_size, num_layers=demo.num_layers,
                                 num_heads=demo.num_heads, num_kv_heads=demo.num_kv_heads)
   return Model(model_config, init_params(model_config, jax.random.key(0)), mesh), tokenizer

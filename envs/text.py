@@ -564,6 +564,7 @@ def parse_actions(
 
 
 NARROW_TOKEN_BYTES = 16  # bytes per token of the batch parsers' usual buffer (text averages ~4 in LLM vocabularies)
+LONG_TOKENS = 2  # ... with room for this many of the vocabulary's longest tokens as well
 
 
 def reply_bytes(vocab: VocabTable, ids_BT: jax.Array, lengths_B: jax.Array) -> jax.Array:
@@ -571,16 +572,23 @@ def reply_bytes(vocab: VocabTable, ids_BT: jax.Array, lengths_B: jax.Array) -> j
   return jax.vmap(lambda ids, n: jnp.sum(_token_lengths(vocab, ids, n)[1]))(ids_BT, lengths_B)
 
 
+def narrow_buffer_bytes(num_tokens: int, vocab_width: int, token_bytes: int = NARROW_TOKEN_BYTES) -> int:
+  """The batch parsers' usual buffer for replies of `num_tokens` ids: `token_bytes` a token and `LONG_TOKENS` of
+  the vocabulary's longest (`vocab_width` bytes), at most the worst case's T x `vocab_width`."""
+  return min(num_tokens * min(vocab_width, token_bytes) + LONG_TOKENS * max(vocab_width - token_bytes, 0),
+             num_tokens * vocab_width)
+
+
 def _on_fitting_buffer(vocab: VocabTable, ids_BT: jax.Array, lengths_B: jax.Array, parse_batch, token_bytes: int):
-  """`parse_batch(buffer_bytes)` on a buffer of `token_bytes` per token when every reply's bytes fit in it, else
-  on the worst case's (the vocabulary's longest token per token), chosen for the whole batch by `lax.cond`.
+  """`parse_batch(buffer_bytes)` on the `narrow_buffer_bytes` buffer when every reply's bytes fit in it, else on
+  the worst case's (the vocabulary's longest token per token), chosen for the whole batch by `lax.cond`.
 
   The result is the same. The work is not: one long token (a tokenizer trained on repeated prompts learns
   whole sentences; real vocabularies hold long runs of spaces or dashes) would otherwise size every reply's
-  buffer, at T x its length.
+  buffer, at T x its length. The room for a few long tokens keeps a random model's replies on the narrow buffer.
   """
   num_tokens, width = ids_BT.shape[-1], vocab.bytes_VB.shape[1]
-  narrow = num_tokens * min(width, token_bytes)
+  narrow = narrow_buffer_bytes(num_tokens, width, token_bytes)
   if narrow == num_tokens * width:
     return parse_batch(None)
   fits = jnp.max(reply_bytes(vocab, ids_BT, lengths_B), initial=0) <= narrow
@@ -590,8 +598,8 @@ def _on_fitting_buffer(vocab: VocabTable, ids_BT: jax.Array, lengths_B: jax.Arra
 def parse_replies(vocab: VocabTable, ids_BT: jax.Array, lengths_B: jax.Array, names_BAL: jax.Array,
                   names_len_BA: jax.Array, max_actions: int, keep_unknown: bool = False, enable_think: bool = True,
                   token_bytes: int = NARROW_TOKEN_BYTES) -> ParsedActions:
-  """Jittable: `parse_actions` of a batch of replies, each with its own action names, on a byte buffer of
-  `token_bytes` per token when every reply fits in it (`_on_fitting_buffer`)."""
+  """Jittable: `parse_actions` of a batch of replies, each with its own action names, on a buffer of about
+  `token_bytes` a token when every reply fits in it (`_on_fitting_buffer`)."""
   def parse_batch(buffer_bytes):
     parse = functools.partial(parse_actions, max_actions=max_actions, keep_unknown=keep_unknown,
                               enable_think=enable_think, buffer_bytes=buffer_bytes)
@@ -602,7 +610,7 @@ def parse_replies(vocab: VocabTable, ids_BT: jax.Array, lengths_B: jax.Array, na
 
 def reasoning_lengths(vocab: VocabTable, ids_BT: jax.Array, lengths_B: jax.Array, enable_think: bool = True,
                       token_bytes: int = NARROW_TOKEN_BYTES) -> jax.Array:
-  """Jittable: int32[B], `reasoning_length` of a batch of replies, on a byte buffer of `token_bytes` per token
+  """Jittable: int32[B], `reasoning_length` of a batch of replies, on a buffer of about `token_bytes` a token
   when every reply fits in it (`_on_fitting_buffer`)."""
   def lengths_batch(buffer_bytes):
     return jax.vmap(functools.partial(reasoning_length, enable_think=enable_think, buffer_bytes=buffer_bytes),

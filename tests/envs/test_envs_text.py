@@ -266,8 +266,9 @@ def test_a_batch_parses_alike_on_a_narrow_buffer_and_on_the_worst_case_one(vocab
   # reasoning of the vocabulary's longest token, then an answer: more than 2 bytes a token, with the answer last
   long_reply = [int(np.argmax(vocab.table.len_V))] * 100 + vocab.encode("</think><answer>Up</answer>")
   long_bytes = text.reply_bytes(vocab.table, jnp.asarray([long_reply]), jnp.array([len(long_reply)]))
-  assert most <= 128 * 2 < int(long_bytes[0])
-  for items in (replies, replies + [long_reply]):  # every reply fits in 2 bytes a token; then one does not
+  narrow = text.narrow_buffer_bytes(128, vocab.table.bytes_VB.shape[1], 2)
+  assert most <= narrow < int(long_bytes[0]) and narrow < 128 * vocab.table.bytes_VB.shape[1]
+  for items in (replies, replies + [long_reply]):  # every reply fits in the narrow buffer; then one does not
     for enable_think in (True, False):
       for names, max_actions, keep_unknown in ((NAMES + ARMS, 3, False), (TOGGLES, 2, True)):
         narrow, _ = device_parse(vocab, items, names, max_actions, keep_unknown, enable_think, token_bytes=2)
