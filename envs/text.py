@@ -12,7 +12,9 @@ Three pieces, all built once on the host from a real `transformers` tokenizer:
   their token ids on device into a fixed-size, padded array.
 * `parse_actions` reads one reply (the generation after the prompt's
   `<think>`) on device and returns the action ids of its answer block;
-  `reasoning_length` counts its reasoning tokens. `answer_parts` and
+  `reasoning_length` counts its reasoning tokens; `parse_replies` and
+  `reasoning_lengths` do both for a batch, on a buffer sized for ordinary
+  replies whenever they fit. `answer_parts` and
   `parse_actions_text` are the host-side reference with the same rules,
   written with `re` and `str` methods on the turn's text (`<think>` + reply).
 
