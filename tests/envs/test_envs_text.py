@@ -261,25 +261,27 @@ def test_parse_fuzz_host_device_agree(vocab, rng):
 
 def test_a_batch_parses_alike_on_a_narrow_buffer_and_on_the_worst_case_one(vocab, rng):
   replies = [random_answer(rng) for _ in range(60)] + [noise(rng, 16) for _ in range(20)]
-  ids_BT, lengths_B, ids = _batch(vocab, replies)  # 128 slots a reply
+  ids_BT, lengths_B, _ = _batch(vocab, replies)  # 128 slots a reply
   most = int(np.max(text.reply_bytes(vocab.table, ids_BT, lengths_B)))
   # reasoning of the vocabulary's longest token, then an answer: more than 2 bytes a token, with the answer last
   long_reply = [int(np.argmax(vocab.table.len_V))] * 100 + vocab.encode("</think><answer>Up</answer>")
   long_bytes = text.reply_bytes(vocab.table, jnp.asarray([long_reply]), jnp.array([len(long_reply)]))
-  narrow = text.narrow_buffer_bytes(128, vocab.table.bytes_VB.shape[1], 2)
-  assert most <= narrow < int(long_bytes[0]) and narrow < 128 * vocab.table.bytes_VB.shape[1]
-  for items in (replies, replies + [long_reply]):  # every reply fits in the narrow buffer; then one does not
-    for enable_think in (True, False):
-      for names, max_actions, keep_unknown in ((NAMES + ARMS, 3, False), (TOGGLES, 2, True)):
-        narrow, _ = device_parse(vocab, items, names, max_actions, keep_unknown, enable_think, token_bytes=2)
-        wide, _ = device_parse(vocab, items, names, max_actions, keep_unknown, enable_think, token_bytes=10**6)
-        assert narrow == wide
-      for item_ids, device in zip(ids, narrow):
-        assert device == text.parse_actions_text(text.THINK_OPEN + vocab.tokenizer.decode(item_ids), names,
-                                                 max_actions, keep_unknown, enable_think)
+  width = vocab.table.bytes_VB.shape[1]
+  buffer = text.narrow_buffer_bytes(128, width, 2)
+  assert most <= buffer < int(long_bytes[0]) and buffer < 128 * width
+  # two batches of one shape (one compilation): every reply fits in the narrow buffer; then the last one does not
+  for items in (replies, replies[:-1] + [long_reply]):
+    for enable_think, config in ((True, (NAMES + ARMS, 3, False)), (False, (TOGGLES, 2, True))):
+      on_narrow, ids = device_parse(vocab, items, *config, enable_think, token_bytes=2)
+      on_widest, _ = device_parse(vocab, items, *config, enable_think, token_bytes=10**6)
+      assert on_narrow == on_widest
+      for item_ids, device in zip(ids, on_narrow):
+        assert device == text.parse_actions_text(text.THINK_OPEN + vocab.tokenizer.decode(item_ids), *config,
+                                                 enable_think)
       assert device_reasoning(vocab, items, enable_think, 2) == device_reasoning(vocab, items, enable_think, 10**6)
-  assert any(valid for _, valid in narrow) and any(device_reasoning(vocab, replies, True, 2))
-  assert device_parse(vocab, [long_reply], NAMES, 2, token_bytes=2)[0] == [([0], True)]
+      if enable_think:
+        assert any(valid for _, valid in on_narrow)
+        assert items[-1] is not long_reply or on_narrow[-1] == ([0], True)  # its answer lies past the narrow end
 
 
 # The reference's own pattern (RAGEN ctx_manager), the peer of the linear-time host parser.
