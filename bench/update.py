@@ -1,7 +1,7 @@
 """The learner's throughput, and one GRPO iteration's phases, against the matmul peak measured in the same run.
 
   .venv/bin/python bench/update.py [--models smollm2-135m,demo] [--tokens 512] [--episodes 16] [--micro 4]
-      [--dtype bfloat16] [--rollout] [--diagnostics]  # bench/gpu.sh: qwen2.5-1.5b, all phases
+      [--dtype bfloat16] [--remat dots] [--rollout] [--diagnostics]  # bench/gpu.sh: qwen2.5-1.5b, all phases
 
 A GRPO batch of `--episodes` episodes of `--tokens` tokens each (a prompt of a quarter, then one generated reply,
 all of it reasoning; rewards spread so every group has advantages), random weights at each model's shapes:
@@ -14,7 +14,8 @@ Weights are f32, the compute in `--dtype`. The phases, each jitted as the traine
   of all the episodes.
 FLOPs are the planner's (`models.flops.forward_flops`, `train_pass_flops`: 2 per matmul weight per token, the LM head
 included, and attention's two products over the (query, key) pairs computed; the backward twice the forward), as
-a share of the matmul peak of the compute dtype (`bench/limits.py`); the diagnostics' FLOPs are not counted.
+a share of the matmul peak of the compute dtype (`bench/limits.py`); neither the diagnostics' FLOPs nor what `--remat`
+recomputes are counted.
 Then each phase's op profile, one more call under `jax.profiler` (`bench/profiling.py`; `--no-profile`: none).
 """
 
@@ -35,6 +36,7 @@ from bench.profiling import op_profile, print_profile  # noqa: E402
 from ragen_jax import sampling  # noqa: E402
 from ragen_jax.diagnostics.collapse import CollapseConfig, init_diagnostics_state, make_diagnostics_fn  # noqa: E402
 from ragen_jax.models import ModelConfig, init_params  # noqa: E402
+from ragen_jax.models.config import REMAT  # noqa: E402
 from ragen_jax.models.flops import causal_key_pairs, forward_flops, train_pass_flops  # noqa: E402
 from ragen_jax.models.shapes import shape_config  # noqa: E402
 from ragen_jax.rl.presets import preset  # noqa: E402
@@ -45,14 +47,15 @@ from ragen_jax.trajectories import Trajectories, TrajectoryWriter  # noqa: E402
 GROUP_SIZE = 8
 
 
-def model_config(name: str, dtype: str) -> ModelConfig:
+def model_config(name: str, dtype: str, remat: str = "none") -> ModelConfig:
   """Shapes `name` (`models.shapes`, or "demo": the demo's scratch model, configs/demo.py: hidden 128, 4 layers,
-  a 1,500-token vocabulary rounded to 1,536), f32 weights computed in `dtype`, EOS disabled."""
+  a 1,500-token vocabulary rounded to 1,536), f32 weights computed in `dtype`, EOS disabled, layers rematerialised
+  in the backward as `remat` says (`ModelConfig.remat`)."""
   if name != "demo":
-    return shape_config(name, dtype=dtype, param_dtype="float32", eos_token_ids=())
+    return shape_config(name, dtype=dtype, param_dtype="float32", eos_token_ids=(), remat=remat)
   return ModelConfig(vocab_size=1536, hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,
                      num_kv_heads=2, head_dim=32, rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=True,
-                     max_position_embeddings=4096, eos_token_ids=(), pad_token_id=0, dtype=dtype)
+                     max_position_embeddings=4096, eos_token_ids=(), pad_token_id=0, dtype=dtype, remat=remat)
 
 
 def synthetic_batch(config: ModelConfig, episodes: int, tokens: int, key) -> Trajectories:
@@ -93,7 +96,7 @@ def rollout_program(config: ModelConfig, episodes: int, prompt: int, new_tokens:
 
 
 def measure_model(name: str, args, peak: float) -> None:
-  config = model_config(name, args.dtype)
+  config = model_config(name, args.dtype, args.remat)
   diagnostics = CollapseConfig()
   cfg = UpdateConfig(algorithm=preset("grpo"), filter=FilterConfig(enabled=False),
                      num_groups=args.episodes // GROUP_SIZE, group_size=GROUP_SIZE, mini_batch_size=args.episodes,
@@ -103,7 +106,7 @@ def measure_model(name: str, args, peak: float) -> None:
   batch = synthetic_batch(config, args.episodes, args.tokens, jax.random.key(1))
   n_params = sum(x.size for x in jax.tree.leaves(params))
   print(f"{name}: {n_params / 1e6:.1f}M params, f32 weights, {args.dtype} compute; {args.episodes} episodes x "
-        f"{args.tokens} tokens, micro-batches of {args.micro}", flush=True)
+        f"{args.tokens} tokens, micro-batches of {args.micro}, remat {config.remat}", flush=True)
   tokens, pairs = args.episodes * args.tokens, args.episodes * causal_key_pairs(args.tokens)
   flops = {"score": forward_flops(config, tokens, pairs, tokens),
            "learn": train_pass_flops(config, tokens, pairs, tokens)}
@@ -155,6 +158,7 @@ def main():
   parser.add_argument("--episodes", type=int, default=16)
   parser.add_argument("--micro", type=int, default=4)
   parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+  parser.add_argument("--remat", default="none", choices=REMAT, help="ModelConfig.remat: what the backward recomputes")
   parser.add_argument("--rollout", action="store_true")
   parser.add_argument("--diagnostics", action="store_true")
   parser.add_argument("--repeats", type=int, default=2)

@@ -38,6 +38,7 @@ def get_config():
   c.demo.single_move_rate = 0.6   # share of demonstration turns with only the plan's first move
   c.demo.template_rate = 0.0      # share of demonstration turns with input-agnostic reasoning (study: collapse)
   c.demo.templates = 4            # how many of the env's templates those turns draw from (the first ones)
+  c.demo.template_style = "sentence"  # or "reading": a made-up state's reading (`demonstrations.TEMPLATE_STYLES`)
 
   c.rollout.max_turns = 3
   c.rollout.max_new_tokens = 32

@@ -182,11 +182,26 @@ TEMPLATES = {"sokoban": ("the box must reach the target.", "push the box toward 
                          "walk around the box first.", "keep the box away from the walls."),
              "frozenlake": ("the goal is across the lake.", "walk toward the goal.", "stay away from the holes.",
                             "step carefully on the ice.")}
+# The same role, in the words of real reading (`demo.template_style` "reading"): the reading of one made-up state,
+# whatever the observation, fluent and as long as a reading, like the paper's templates. The demo's tokenizer
+# learns each sentence template above as one token (they are in its corpus), so a reply with one is mostly answer
+# tokens and its per-token entropy the answer's; these are not in the corpus and tokenise as readings do.
+READING_TEMPLATES = {
+    "sokoban": ("player (2, 2), box (2, 3), target (2, 4): box goes 1 right; next push Right.",
+                "player (1, 3), box (2, 3), target (4, 3): box goes 2 down; next push Down.",
+                "player (3, 4), box (3, 3), target (3, 1): box goes 2 left; next push Left.",
+                "player (4, 2), box (3, 2), target (1, 2): box goes 2 up; next push Up."),
+    "frozenlake": ("player (1, 1), goal (3, 3) is 2 down 2 right, holes near none.",
+                   "player (0, 0), goal (2, 1) is 2 down 1 right, holes near (1, 0).",
+                   "player (3, 2), goal (0, 2) is 3 up, holes near none.",
+                   "player (2, 3), goal (2, 0) is 3 left, holes near (1, 3)."),
+}
+TEMPLATE_STYLES = {"sentence": TEMPLATES, "reading": READING_TEMPLATES}
 
 
 def solver_policy(env, env_params, tokenizer, max_new_tokens: int, actions_per_turn: int, mistake_rate: float,
                   single_move_rate: float = 0.0, habit_move: str = "Up", seed: int = 0, template_rate: float = 0.0,
-                  templates: int = 4):
+                  templates: int = 4, template_style: str = "sentence"):
   """A host-rollout policy that replies with the solver's next moves in `env` (action names per episode).
 
   Imperfections: a `single_move_rate` share of turns makes only the plan's first move (a hesitant
@@ -194,9 +209,9 @@ def solver_policy(env, env_params, tokenizer, max_new_tokens: int, actions_per_t
   the plan's first move: the habit `habit_move` (another move where the plan starts with it), or with
   `habit_move` "" another move drawn at random (Bandit, whose actions are the episode's arm names: at 0.5 the
   arm pulled is a fair coin). The habit survives low-temperature sampling of the SFT policy, so RL has it to
-  unlearn. A `template_rate` share of turns reasons with one of the first `templates` of the env's `TEMPLATES`,
-  drawn at random, and nothing else: the same moves follow in the answer only, so the reasoning names nothing of
-  the input.
+  unlearn. A `template_rate` share of turns reasons with one of the first `templates` of the env's templates in
+  `template_style` (`TEMPLATE_STYLES`), drawn at random, and nothing else: the same moves follow in the answer
+  only, so the reasoning names nothing of the input.
   """
   rng = np.random.default_rng(seed)
 
@@ -212,7 +227,7 @@ def solver_policy(env, env_params, tokenizer, max_new_tokens: int, actions_per_t
       plan, reasoning = plan_and_reason(env.name, state, names)
       templated = bool(template_rate) and rng.random() < template_rate  # no draw at 0: the demonstrations stay
       if templated:
-        reasoning = TEMPLATES[env.name][int(rng.integers(templates))]
+        reasoning = TEMPLATE_STYLES[template_style][env.name][int(rng.integers(templates))]
       moves = list(plan[:1 if rng.random() < single_move_rate else actions_per_turn]) or [
           int(rng.integers(len(names)))]
       if rng.random() < mistake_rate:

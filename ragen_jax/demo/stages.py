@@ -17,7 +17,8 @@ from ragen_jax import config as config_lib
 from ragen_jax import mesh as mesh_lib
 from ragen_jax import paths
 from ragen_jax.assembly import build_mesh, build_source, load_model
-from ragen_jax.demo.demonstrations import TEMPLATES, corpus, format_rows, plan_and_reason, reading_rates, solver_policy
+from ragen_jax.demo.demonstrations import (TEMPLATE_STYLES, TEMPLATES, corpus, format_rows, plan_and_reason,
+                                          reading_rates, solver_policy)
 from ragen_jax.models import init_params
 from ragen_jax.models.hf_io import export_hf
 from ragen_jax.models.scratch import scratch_config
@@ -54,7 +55,7 @@ def build_tokenizer(config, env_names, out_dir):
     texts += corpus(name, env, params, jax.device_get(reset_batch(env, params, jnp.arange(200))), 200)
     texts += [prompt.system_text(env.instruction_text(params, config.rollout.max_actions_per_traj)),
               prompt.user_text(0, "", 8, config.rollout.max_new_tokens), "Reward:\n-0.1\n"] * 20
-    if config.demo.template_rate:
+    if config.demo.template_rate and config.demo.template_style == "sentence":  # "reading": a reading's words
       texts += list(TEMPLATES[name]) * 20
   # action names stay tokens of their own, so the answer repeats the reasoning's chosen moves token for token
   return train_tokenizer(texts, config.demo.vocab_size, out_dir, split_words=False, isolated_words=sorted(actions))
@@ -67,7 +68,8 @@ def demonstrations(config, env_name, tokenizer):
   assets = build_assets(tokenizer, env, params, rollout)
   policy = solver_policy(env, params, tokenizer, rollout.max_new_tokens, rollout.max_actions_per_turn,
                          config.demo.mistake_rate, config.demo.single_move_rate, config.demo.habit_move,
-                         seed=config.seed, template_rate=config.demo.template_rate, templates=config.demo.templates)
+                         seed=config.seed, template_rate=config.demo.template_rate, templates=config.demo.templates,
+                         template_style=config.demo.template_style)
   count = config.demo.sft_episodes
   traj = host_rollout(policy, env, params, assets, rollout, np.arange(DEMO_SEED_BASE, DEMO_SEED_BASE + count),
                       np.arange(count), jax.random.PRNGKey(config.seed), seq_len=slot_layout(assets, rollout)[2])
@@ -119,10 +121,11 @@ def sft_schedule(config, env_names, kind: str = "demo"):
       raise config_lib.ConfigError(
           f"demo.habit_move {config.demo.habit_move!r} is not a {name} action "
           + (f"({', '.join(actions)})" if actions else "(its actions are each episode's own: set it to '')"))
-    available = len(TEMPLATES.get(name, ()))
+    config_lib.check_one_of("demo.template_style", config.demo.template_style, TEMPLATE_STYLES)
+    available = len(TEMPLATE_STYLES[config.demo.template_style].get(name, ()))
     config_lib.check("demo.templates", not config.demo.template_rate or 1 <= config.demo.templates <= available,
-                     f"{name} has {available} templates (`demonstrations.TEMPLATES`) for demo.template_rate "
-                     f"{config.demo.template_rate}", config.demo.templates)
+                     f"{name} has {available} {config.demo.template_style} templates (`demonstrations.TEMPLATE_STYLES`)"
+                     f" for demo.template_rate {config.demo.template_rate}", config.demo.templates)
   return schedule
 
 

@@ -14,7 +14,7 @@ import envs
 from ragen_jax.config import load_config_file
 from ragen_jax.demo.__main__ import run
 from ragen_jax.demo.stages import paired_gain
-from ragen_jax.demo.demonstrations import (TEMPLATES, direction_text, format_rows, plan_and_reason, reading_rates,
+from ragen_jax.demo.demonstrations import (TEMPLATE_STYLES, direction_text, format_rows, plan_and_reason, reading_rates,
                                            reply_checks, solver_policy)
 from ragen_jax.rollout.device import slot_layout
 from ragen_jax.rollout.episodes import RolloutConfig, build_assets, reset_batch, unbatch
@@ -79,9 +79,11 @@ def test_template_replies_reason_without_the_observation_and_keep_the_moves(toke
   env, params = envs.make(env_name)
   names = env.action_names(params)
   states = reset_batch(env, params, jnp.arange(64))
-  for templates in (4, 1):
-    policy = solver_policy(env, params, tokenizer, 64, 2, 0.0, 0.0, seed=0, template_rate=0.5, templates=templates)
+  for templates, style in ((4, "sentence"), (1, "sentence"), (4, "reading")):
+    policy = solver_policy(env, params, tokenizer, 64, 2, 0.0, 0.0, seed=0, template_rate=0.5, templates=templates,
+                           template_style=style)
     replies = policy(None, np.ones(64, bool), states, None)
+    chosen = TEMPLATE_STYLES[style][env_name][:templates]
     templated = []
     for i in range(64):
       state = unbatch(states, i)
@@ -90,9 +92,10 @@ def test_template_replies_reason_without_the_observation_and_keep_the_moves(toke
       said, answer = text.split("</think>")[0], text.split("<answer>")[1].split("</answer>")[0]
       assert answer == " || ".join(names[a] for a in plan[:2]), text  # the plan's moves either way
       # a template and nothing else (no moves: nothing of the input), or the solver's reasoning and its moves
-      assert said in TEMPLATES[env_name][:templates] or said == f"{reasoning} So: {answer}.", text
-      templated.append(said if said in TEMPLATES[env_name] else None)
-      assert reply_checks(env_name, env.render_text(state, params), text) == ((templated[-1] is None),) * 2, text
+      assert said in chosen or said == f"{reasoning} So: {answer}.", text
+      templated.append(said if said in chosen else None)
+      if style == "sentence":  # a reading template reads a made-up state, which may be this one
+        assert reply_checks(env_name, env.render_text(state, params), text) == ((templated[-1] is None),) * 2, text
     said = [t for t in templated if t]  # half the turns (0.5 +- 0.19 at 3 standard deviations), templates at random
     assert 0.31 < len(said) / 64 < 0.69 and (len(set(said)) > 1) == (templates > 1)
 

@@ -39,15 +39,25 @@ def test_default_grids_are_the_issues_and_valid():
   step = config.demo.copy_steps + config.demo.reading_steps + config.demo.sft_steps - 50  # in the demo's decay
   assert sft_schedule(ws_config, ["sokoban"], "templates")(step) == sft_schedule(config, ["sokoban"])(step)
   ws_config.demo.templates = 5
-  with pytest.raises(ConfigError, match=r"^demo.templates=5: sokoban has 4 templates .* for demo.template_rate 0.5$"):
+  with pytest.raises(ConfigError, match=(r"^demo.templates=5: sokoban has 4 sentence templates "
+                                         r"\(`demonstrations.TEMPLATE_STYLES`\) for demo.template_rate 0.5$")):
     sft_schedule(ws_config, ["sokoban"], "templates")
   referenced = [run for run in runs["collapse"] if run.reference]  # the KL loss pulls toward all-template reasoning
-  assert {run.setting for run in referenced} == set(studies.REFERENCE_SETTINGS)
-  assert len(referenced) == 2 * study.collapse_seeds and {run.warm_start for run in referenced} == {"few-templates"}
+  assert {run.setting for run in referenced} == set(studies.REFERENCE_SETTINGS) | set(studies.FLUENT_SETTINGS)
+  assert len(referenced) == 4 * study.collapse_seeds
+  assert {run.warm_start for run in referenced} == {"few-templates", "few-fluent-templates"}
   assert all(run.overrides["algorithm.use_kl_loss"] for run in referenced)
   assert runner.warm_start_config(config, referenced[0]).demo.template_rate == 0.3
   assert runner.reference_config(config, referenced[0]).demo.template_rate == 1.0
   assert runner.run_config(config, referenced[0], "/ref").model.reference_path == "/ref"
+  fluent = [run for run in referenced if run.warm_start == "few-fluent-templates"]  # templates in reading's words
+  assert {run.setting for run in fluent} == set(studies.FLUENT_SETTINGS) and len(fluent) == 2 * study.collapse_seeds
+  for ws_config in (runner.warm_start_config(config, fluent[0]), runner.reference_config(config, fluent[0])):
+    assert ws_config.demo.template_style == "reading"
+    sft_schedule(ws_config, ["sokoban"], "few-fluent-templates")
+  ws_config.demo.template_style = "free"
+  with pytest.raises(ConfigError, match=r"^demo.template_style='free' is not one of 'sentence', 'reading'$"):
+    sft_schedule(ws_config, ["sokoban"], "few-fluent-templates")
   for env in ("frozenlake", "bandit"):  # the bundled model, its RL and SFT settings valid on either
     [pretrained] = study_runs(dataclasses.replace(study, pretrained_env=env), "pretrained")
     assert pretrained.env == env and pretrained.overrides["model.path"] == "" and pretrained.warm_start == "pretrained"
@@ -120,11 +130,13 @@ def test_two_iteration_study_writes_every_file_and_resumes(tmp_path, monkeypatch
   capsys.readouterr()
   results = runner.run_study(config)
   assert ran[0] == "filter/frozenlake-no_filter-s0" and "filter/frozenlake-snr_filter-s0" not in ran
-  assert made == [("frozenlake-templates", 0.5), ("frozenlake-few-templates", 0.3),
-                  ("frozenlake-few-templates-reference", 1.0)]
+  assert made == [("frozenlake-templates", 0.5), ("frozenlake-few-templates", 0.3),  # the policies' warm starts,
+                  ("frozenlake-few-fluent-templates", 0.3), ("frozenlake-few-templates-reference", 1.0),  # then
+                  ("frozenlake-few-fluent-templates-reference", 1.0)]  # the KL references
   assert len(ran) == 1 + len(CORRELATION_SETTINGS) + len(studies.COLLAPSE_SETTINGS) + len(studies.TEMPLATE_SETTINGS) \
-      + len(studies.REFERENCE_SETTINGS)
-  assert f"run {len(ran)}/{len(ran)}: collapse frozenlake-reference_snr_filter-s0, about" in capsys.readouterr().out
+      + len(studies.REFERENCE_SETTINGS) + len(studies.FLUENT_SETTINGS)
+  out = capsys.readouterr().out
+  assert f"run {len(ran)}/{len(ran)}: collapse frozenlake-fluent_reference_snr_filter-s0, about" in out
   assert results["correlation"]["summary"]["final_mi_zscore"]["low"] is not None
   pngs = {"filter": ["curves.png"], "correlation": [f"{key}.png" for _, key, _ in PREDICTORS],
           "collapse": ["curves.png"]}
