@@ -214,6 +214,7 @@ def solver_policy(env, env_params, tokenizer, max_new_tokens: int, actions_per_t
   only, so the reasoning names nothing of the input.
   """
   rng = np.random.default_rng(seed)
+  env_templates = TEMPLATE_STYLES[template_style].get(env.name, ())
 
   def policy(records, active, env_state, key):
     del records, key
@@ -227,7 +228,7 @@ def solver_policy(env, env_params, tokenizer, max_new_tokens: int, actions_per_t
       plan, reasoning = plan_and_reason(env.name, state, names)
       templated = bool(template_rate) and rng.random() < template_rate  # no draw at 0: the demonstrations stay
       if templated:
-        reasoning = TEMPLATE_STYLES[template_style][env.name][int(rng.integers(templates))]
+        reasoning = env_templates[int(rng.integers(templates))]
       moves = list(plan[:1 if rng.random() < single_move_rate else actions_per_turn]) or [
           int(rng.integers(len(names)))]
       if rng.random() < mistake_rate:

@@ -114,6 +114,8 @@ def sft_schedule(config, env_names, kind: str = "demo"):
     schedule = lr_schedule(config.demo.sft_lr, steps, config.demo.sft_warmup_steps, config.demo.sft_decay_steps)
   except ValueError as error:
     raise config_lib.ConfigError(f"demo.sft_warmup_steps, demo.sft_decay_steps: {error}") from error
+  config_lib.check_one_of("demo.template_style", config.demo.template_style, TEMPLATE_STYLES)
+  templates = TEMPLATE_STYLES[config.demo.template_style]
   for name in env_names:
     env, params = envs.make(name)
     actions = env.action_names(params)
@@ -121,8 +123,7 @@ def sft_schedule(config, env_names, kind: str = "demo"):
       raise config_lib.ConfigError(
           f"demo.habit_move {config.demo.habit_move!r} is not a {name} action "
           + (f"({', '.join(actions)})" if actions else "(its actions are each episode's own: set it to '')"))
-    config_lib.check_one_of("demo.template_style", config.demo.template_style, TEMPLATE_STYLES)
-    available = len(TEMPLATE_STYLES[config.demo.template_style].get(name, ()))
+    available = len(templates.get(name, ()))
     config_lib.check("demo.templates", not config.demo.template_rate or 1 <= config.demo.templates <= available,
                      f"{name} has {available} {config.demo.template_style} templates (`demonstrations.TEMPLATE_STYLES`)"
                      f" for demo.template_rate {config.demo.template_rate}", config.demo.templates)
