@@ -69,7 +69,7 @@ class CollapseConfig:
   bucket_edges: tuple[float, ...] = ()
   alarm_window: int = 4  # logged points compared (first vs last)
   alarm_drop: float = 0.5  # relative fall of the MI z-score
-  alarm_entropy_tolerance: float = 0.1  # relative band the entropy must stay in
+  alarm_entropy_tolerance: float = 0.3  # relative band the entropy must stay in (see `diagnostics.alarm`)
   alarm_min_drop: float = 0.1  # absolute fall of the MI z-score the alarm also needs
 
   def __post_init__(self):

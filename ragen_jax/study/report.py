@@ -130,7 +130,8 @@ def collapse_results(records: list[dict], others: list[dict]) -> tuple[dict, lis
             "Positions read: validation turns whose reasoning names the observed positions (the others reason with "
             "a template or misread); alarm fired at: first iteration with `collapse/alarm`; MI peak: the iteration "
             "of the highest logged MI z-score up to then (the fall began there), delay: iterations between the two; "
-            "entropy change: last logged policy entropy against the first (template collapse keeps it within ±10%).",
+            "entropy change: last logged policy entropy against the first (RAGEN-2: template collapse leaves it "
+            "steady; the alarm's band is `diagnostics.alarm_entropy_tolerance`).",
             "",
             f"False alarms on the healthy runs of the other sub-studies (success not down by more than {HEALTHY_SE:g} "
             f"s.e.): {false_alarms['runs_with_alarm']} of {false_alarms['healthy_runs']} runs, "
