@@ -7,7 +7,8 @@ with `--config.study.names=filter,correlation`; the `study` section is `ragen_ja
 its own settings (`studies.PRETRAINED`, `studies.PRETRAINED_ENVS`). The collapse sub-study also trains warm
 starts whose demonstrations reason with input-agnostic templates: in half of them (`studies.TEMPLATE_COLLAPSE`),
 in 30% (`studies.REFERENCE_COLLAPSE`) and in all, the last as the KL reference (`studies.REFERENCE_DEMO`); the
-fourth arm's templates are in the words of real reading (`studies.FLUENT_COLLAPSE`).
+fourth arm's templates are in the words of real reading (`studies.FLUENT_COLLAPSE`), and the fifth adds an
+entropy bonus to the fourth (`studies.FLUENT_BONUS`).
 """
 
 from configs import demo

@@ -43,15 +43,22 @@ def test_default_grids_are_the_issues_and_valid():
                                          r"\(`demonstrations.TEMPLATE_STYLES`\) for demo.template_rate 0.5$")):
     sft_schedule(ws_config, ["sokoban"], "templates")
   referenced = [run for run in runs["collapse"] if run.reference]  # the KL loss pulls toward all-template reasoning
-  assert {run.setting for run in referenced} == set(studies.REFERENCE_SETTINGS) | set(studies.FLUENT_SETTINGS)
-  assert len(referenced) == 4 * study.collapse_seeds
+  assert {run.setting for run in referenced} == (set(studies.REFERENCE_SETTINGS) | set(studies.FLUENT_SETTINGS)
+                                                 | set(studies.FLUENT_BONUS_SETTINGS))
+  assert len(referenced) == 6 * study.collapse_seeds
   assert {run.warm_start for run in referenced} == {"few-templates", "few-fluent-templates"}
   assert all(run.overrides["algorithm.use_kl_loss"] for run in referenced)
   assert runner.warm_start_config(config, referenced[0]).demo.template_rate == 0.3
   assert runner.reference_config(config, referenced[0]).demo.template_rate == 1.0
   assert runner.run_config(config, referenced[0], "/ref").model.reference_path == "/ref"
   fluent = [run for run in referenced if run.warm_start == "few-fluent-templates"]  # templates in reading's words
-  assert {run.setting for run in fluent} == set(studies.FLUENT_SETTINGS) and len(fluent) == 2 * study.collapse_seeds
+  assert {run.setting for run in fluent} == set(studies.FLUENT_SETTINGS) | set(studies.FLUENT_BONUS_SETTINGS)
+  assert len(fluent) == 4 * study.collapse_seeds
+  bonus = {run.setting: run for run in fluent if run.setting in studies.FLUENT_BONUS_SETTINGS}
+  for name, run in bonus.items():  # the fifth arm: the fourth's runs with a 30x entropy bonus
+    fourth = studies.FLUENT_SETTINGS[name.replace("fluent_bonus_", "fluent_reference_")]
+    assert run.overrides == fourth | {"algorithm.entropy_coef": 0.03}
+    assert runner.run_config(config, run).algorithm.entropy_coef == 0.03 and config.algorithm.entropy_coef == 0.001
   for ws_config in (runner.warm_start_config(config, fluent[0]), runner.reference_config(config, fluent[0])):
     assert ws_config.demo.template_style == "reading"
     sft_schedule(ws_config, ["sokoban"], "few-fluent-templates")
@@ -134,9 +141,9 @@ def test_two_iteration_study_writes_every_file_and_resumes(tmp_path, monkeypatch
                   ("frozenlake-few-fluent-templates", 0.3), ("frozenlake-few-templates-reference", 1.0),  # then
                   ("frozenlake-few-fluent-templates-reference", 1.0)]  # the KL references
   assert len(ran) == 1 + len(CORRELATION_SETTINGS) + len(studies.COLLAPSE_SETTINGS) + len(studies.TEMPLATE_SETTINGS) \
-      + len(studies.REFERENCE_SETTINGS) + len(studies.FLUENT_SETTINGS)
+      + len(studies.REFERENCE_SETTINGS) + len(studies.FLUENT_SETTINGS) + len(studies.FLUENT_BONUS_SETTINGS)
   out = capsys.readouterr().out
-  assert f"run {len(ran)}/{len(ran)}: collapse frozenlake-fluent_reference_snr_filter-s0, about" in out
+  assert f"run {len(ran)}/{len(ran)}: collapse frozenlake-fluent_bonus_snr_filter-s0, about" in out
   assert results["correlation"]["summary"]["final_mi_zscore"]["low"] is not None
   pngs = {"filter": ["curves.png"], "correlation": [f"{key}.png" for _, key, _ in PREDICTORS],
           "collapse": ["curves.png"]}
