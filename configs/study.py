@@ -5,10 +5,11 @@ with `--config.study.names=filter,correlation`; the `study` section is `ragen_ja
 `--config.study.names=pretrained` fine-tunes a real checkpoint instead (the bundled SmolLM2-135M-Instruct, or
 `--config.study.pretrained_model=DIR`) on Bandit (`--config.study.pretrained_env=frozenlake`: FrozenLake) with
 its own settings (`studies.PRETRAINED`, `studies.PRETRAINED_ENVS`). The collapse sub-study also trains warm
-starts whose demonstrations reason with input-agnostic templates: in half of them (`studies.TEMPLATE_COLLAPSE`),
-in 30% (`studies.REFERENCE_COLLAPSE`) and in all, the last as the KL reference (`studies.REFERENCE_DEMO`); the
-fourth arm's templates are in the words of real reading (`studies.FLUENT_COLLAPSE`), and the fifth adds an
-entropy bonus to the fourth (`studies.FLUENT_BONUS`).
+starts whose demonstrations reason with input-agnostic templates. By default it runs its fifth arm only
+(`studies.COLLAPSE_ARMS`; all five: `--config.study.collapse_arms=lr,templates,reference,fluent,fluent_bonus`):
+templates in 30% of the policy's demonstrations and in all of its KL reference's (`studies.REFERENCE_COLLAPSE`,
+`studies.REFERENCE_DEMO`), in the words of real reading (`studies.FLUENT_COLLAPSE`), with an entropy bonus
+(`studies.FLUENT_BONUS`).
 """
 
 from configs import demo
@@ -20,7 +21,7 @@ def get_config():
   c = demo.get_config()
   c.workdir = "runs/study"
   c.study = section(StudyConfig)
-  c.train.iterations = 20         # validation at 0, 5, 10, 15 and 20
+  c.train.iterations = 15         # validation at 0, 5, 10 and 15 (20 would make the studies 4 h, not 3)
   c.train.val_every = 5
   c.train.checkpoint_every = 0
   return c

@@ -10,7 +10,13 @@ import dataclasses
 from ragen_jax.config import check, check_one_of
 from ragen_jax.report.comparison import SETTINGS
 
-FILTER_SETTINGS = {name: {"filter.enabled": enabled} for name, enabled in SETTINGS.items()}
+
+def _filter_pair(prefix: str, overrides: dict) -> dict:
+  """Settings `<prefix>no_filter` and `<prefix>snr_filter`: `overrides` with the filter off and on."""
+  return {f"{prefix}{name}": overrides | {"filter.enabled": enabled} for name, enabled in SETTINGS.items()}
+
+
+FILTER_SETTINGS = _filter_pair("", {})
 # What RAGEN-2 varies between its runs (filter and rho, entropy and KL terms, learning rate) around the demo's
 # RL (filter on, rho 0.9, entropy 0.001, no KL loss, lr 1e-4), and a learning rate meant to degrade the policy.
 CORRELATION_SETTINGS = {
@@ -29,14 +35,13 @@ CORRELATION_SETTINGS = {
 # same rate, did not collapse: the KL term held the policy at its input-dependent warm start, and the bonus
 # doubled the entropy.
 COLLAPSE = {"train.actor_lr": 3e-4}
-COLLAPSE_SETTINGS = {name: COLLAPSE | {"filter.enabled": enabled} for name, enabled in SETTINGS.items()}
+COLLAPSE_SETTINGS = _filter_pair("", COLLAPSE)
 # A second collapse arm, from a warm start with template collapse already in it: half of its demonstration turns
 # reason with an input-agnostic template (`demonstrations.TEMPLATES`), and RL's entropy bonus is 50x the demo's,
 # the regulariser the SNR argument says dominates when few groups have reward variance. In docs/results.md
 # (2026-12-06, the rerun) the templates grew in all 3 seeds, less with the filter (reading 13-23 points higher).
 TEMPLATE_COLLAPSE = {"demo.template_rate": 0.5, "algorithm.entropy_coef": 0.05}
-TEMPLATE_SETTINGS = {f"templates_{name}": TEMPLATE_COLLAPSE | {"filter.enabled": enabled}
-                     for name, enabled in SETTINGS.items()}
+TEMPLATE_SETTINGS = _filter_pair("templates_", TEMPLATE_COLLAPSE)
 # A third arm, where the pull toward templates is the KL loss's and not the entropy bonus's: the policy starts from
 # a warm start with templates in 30% of its turns (`Run.warm_start` "few-templates"), and the KL reference is a
 # warm start of the same SFT with templates in every turn (`Run.reference`, `model.reference_path`), as when the
@@ -47,23 +52,37 @@ TEMPLATE_SETTINGS = {f"templates_{name}": TEMPLATE_COLLAPSE | {"filter.enabled":
 REFERENCE_COLLAPSE = {"demo.template_rate": 0.3, "demo.templates": 1, "algorithm.use_kl_loss": True,
                       "algorithm.kl_coef": 0.1, "algorithm.kl_estimator": "mse"}
 REFERENCE_DEMO = {"demo.template_rate": 1.0}
-REFERENCE_SETTINGS = {f"reference_{name}": REFERENCE_COLLAPSE | {"filter.enabled": enabled}
-                      for name, enabled in SETTINGS.items()}
+REFERENCE_SETTINGS = _filter_pair("reference_", REFERENCE_COLLAPSE)
 # A fourth arm, the third with templates in the words of real reading (`demo.template_style` "reading": 4 made-up
 # states' readings, as long as real ones). The third's template is one token of the demo's tokenizer, so as the
 # templates grew the replies became mostly answer tokens, and the per-token entropy rose with the answer's share.
 # In docs/results.md (2026-12-06) the reasoning became input-agnostic without the filter in all 3 seeds and the
 # entropy ended 7-29% lower; with the filter it ended within 6% while the MI estimate fell 36-75%.
 FLUENT_COLLAPSE = REFERENCE_COLLAPSE | {"demo.template_style": "reading", "demo.templates": 4}
-FLUENT_SETTINGS = {f"fluent_reference_{name}": FLUENT_COLLAPSE | {"filter.enabled": enabled}
-                   for name, enabled in SETTINGS.items()}
+FLUENT_SETTINGS = _filter_pair("fluent_reference_", FLUENT_COLLAPSE)
 # A fifth arm, the fourth with an entropy bonus of 0.03 (30x the demo's), the SNR argument's other regulariser: it
 # holds the entropy up while the KL loss pulls the reasoning toward templates. It shares the fourth's warm starts.
 # In docs/results.md (2026-12-06) the reasoning became input-agnostic without the filter in all 3 seeds while the
 # entropy's 4-iteration mean ended within 2% of its start in 2 (-11% in the third).
 FLUENT_BONUS = FLUENT_COLLAPSE | {"algorithm.entropy_coef": 0.03}
-FLUENT_BONUS_SETTINGS = {f"fluent_bonus_{name}": FLUENT_BONUS | {"filter.enabled": enabled}
-                         for name, enabled in SETTINGS.items()}
+FLUENT_BONUS_SETTINGS = _filter_pair("fluent_bonus_", FLUENT_BONUS)
+
+
+@dataclasses.dataclass(frozen=True)
+class CollapseArm:
+  """An arm of the collapse sub-study: its settings, the kind of its warm start (`Run.warm_start`) and the `demo`
+  overrides of its KL reference's warm start (`Run.reference`)."""
+  settings: dict
+  warm_start: str = "demo"
+  reference: dict | None = None
+
+
+# The collapse sub-study's arms in run order, chosen with `study.collapse_arms`. By default only the fifth runs,
+# the one whose entropy held while the reasoning stopped reading: the first four are how it was found.
+COLLAPSE_ARMS = {"lr": CollapseArm(COLLAPSE_SETTINGS), "templates": CollapseArm(TEMPLATE_SETTINGS, "templates"),
+                 "reference": CollapseArm(REFERENCE_SETTINGS, "few-templates", REFERENCE_DEMO),
+                 "fluent": CollapseArm(FLUENT_SETTINGS, "few-fluent-templates", REFERENCE_DEMO),
+                 "fluent_bonus": CollapseArm(FLUENT_BONUS_SETTINGS, "few-fluent-templates", REFERENCE_DEMO)}
 # Sub-study 4, a real pretrained model (`study.pretrained_model`, "" the bundled SmolLM2-135M-Instruct) with its
 # own tokenizer and chat template: a short SFT on solver demonstrations (format only: no tokenizer training, no
 # format stages), then GRPO with the filter. Sized for about 45 min on a 2-core CPU (FrozenLake: about 70, where
@@ -98,6 +117,7 @@ class StudyConfig:
   """The `study` config section: which sub-studies run (`STUDIES`; by default all but "pretrained"), on which
   environments, with how many RL seeds; `pretrained_model`: the checkpoint of the pretrained sub-study.
 
+  `collapse_arms`: the collapse sub-study's arms (`COLLAPSE_ARMS`, comma-separated).
   `only`: if set, just these setting names (comma-separated) of each selected sub-study.
   `bootstrap`: resamples of the Spearman intervals.
   """
@@ -109,6 +129,7 @@ class StudyConfig:
   correlation_seeds: int = 2
   collapse_env: str = "sokoban"
   collapse_seeds: int = 3
+  collapse_arms: str = "fluent_bonus"
   pretrained_env: str = "bandit"
   pretrained_model: str = ""  # an HF directory; "" the bundled SmolLM2-135M-Instruct
   pretrained_seeds: int = 1
@@ -122,13 +143,15 @@ class StudyConfig:
         ("correlation_env", self.correlation_env), ("collapse_env", self.collapse_env)]:
       check_one_of(f"study.{key}", env, SCRATCH_ENVS)
     check_one_of("study.pretrained_env", self.pretrained_env, PRETRAINED_ENVS)
-    for setting in filter(None, self.only.split(",")):
-      check_one_of("study.only", setting,
-                   {**FILTER_SETTINGS, **CORRELATION_SETTINGS, **COLLAPSE_SETTINGS, **TEMPLATE_SETTINGS,
-                    **REFERENCE_SETTINGS, **FLUENT_SETTINGS, **FLUENT_BONUS_SETTINGS,
-                    PRETRAINED_SETTING: PRETRAINED})
+    for arm in self.collapse_arms.split(","):
+      check_one_of("study.collapse_arms", arm, COLLAPSE_ARMS)
     for key in ("filter_seeds", "correlation_seeds", "collapse_seeds", "pretrained_seeds", "bootstrap"):
       check(f"study.{key}", getattr(self, key) >= 1, "must be >= 1", getattr(self, key))
+    if self.only:  # each a setting of a chosen sub-study
+      every = dataclasses.replace(self, only="")
+      chosen = {run.setting: None for name in self.study_names for run in study_runs(every, name)}
+      for setting in self.only.split(","):
+        check_one_of("study.only", setting, chosen)
 
   @property
   def study_names(self) -> list[str]:
@@ -167,11 +190,7 @@ def study_runs(study: StudyConfig, name: str) -> list[Run]:
     settings = {PRETRAINED_SETTING: PRETRAINED | PRETRAINED_ENVS[study.pretrained_env]
                 | {"model.path": study.pretrained_model}}
     return _grid([study.pretrained_env], settings, study.pretrained_seeds, study.only, "pretrained")
-  return (_grid([study.collapse_env], COLLAPSE_SETTINGS, study.collapse_seeds, study.only)
-          + _grid([study.collapse_env], TEMPLATE_SETTINGS, study.collapse_seeds, study.only, "templates")
-          + _grid([study.collapse_env], REFERENCE_SETTINGS, study.collapse_seeds, study.only, "few-templates",
-                  REFERENCE_DEMO)
-          + _grid([study.collapse_env], FLUENT_SETTINGS, study.collapse_seeds, study.only, "few-fluent-templates",
-                  REFERENCE_DEMO)
-          + _grid([study.collapse_env], FLUENT_BONUS_SETTINGS, study.collapse_seeds, study.only,
-                  "few-fluent-templates", REFERENCE_DEMO))
+  chosen = study.collapse_arms.split(",")
+  return [run for name, arm in COLLAPSE_ARMS.items() if name in chosen
+          for run in _grid([study.collapse_env], arm.settings, study.collapse_seeds, study.only, arm.warm_start,
+                           arm.reference)]

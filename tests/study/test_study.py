@@ -29,9 +29,14 @@ def test_default_grids_are_the_issues_and_valid():
   assert {"filter.enabled", "filter.value", "algorithm.entropy_coef", "algorithm.kl_coef", "train.actor_lr"} <= varied
   assert any("degrades" in s for s in CORRELATION_SETTINGS)
   assert all(len({r.name for r in rs}) == len(rs) for rs in runs.values())  # a file name per run of a study
-  for run in runs["correlation"] + runs["collapse"]:
+  assert {run.setting for run in runs["collapse"]} == set(studies.FLUENT_BONUS_SETTINGS)  # by default the fifth arm
+  collapse = study_runs(dataclasses.replace(study, collapse_arms=",".join(studies.COLLAPSE_ARMS)), "collapse")
+  assert [run.setting for run in collapse[::study.collapse_seeds * 2]] == [  # every arm, in order
+      "no_filter", "templates_no_filter", "reference_no_filter", "fluent_reference_no_filter",
+      "fluent_bonus_no_filter"]
+  for run in runs["correlation"] + collapse:
     read_settings(runner.run_config(config, run))
-  templates = [run for run in runs["collapse"] if run.warm_start == "templates"]
+  templates = [run for run in collapse if run.warm_start == "templates"]
   assert {run.setting for run in templates} == set(studies.TEMPLATE_SETTINGS)
   assert len(templates) == 2 * study.collapse_seeds
   ws_config = runner.warm_start_config(config, templates[0])  # the demo's SFT, with template demonstrations
@@ -42,7 +47,7 @@ def test_default_grids_are_the_issues_and_valid():
   with pytest.raises(ConfigError, match=(r"^demo.templates=5: sokoban has 4 sentence templates "
                                          r"\(`demonstrations.TEMPLATE_STYLES`\) for demo.template_rate 0.5$")):
     sft_schedule(ws_config, ["sokoban"], "templates")
-  referenced = [run for run in runs["collapse"] if run.reference]  # the KL loss pulls toward all-template reasoning
+  referenced = [run for run in collapse if run.reference]  # the KL loss pulls toward all-template reasoning
   assert {run.setting for run in referenced} == (set(studies.REFERENCE_SETTINGS) | set(studies.FLUENT_SETTINGS)
                                                  | set(studies.FLUENT_BONUS_SETTINGS))
   assert len(referenced) == 6 * study.collapse_seeds
@@ -83,6 +88,13 @@ def test_default_grids_are_the_issues_and_valid():
     StudyConfig(names="filter,bogus")
   with pytest.raises(ConfigError, match="study.only='rho_0.3' is not one of"):
     StudyConfig(only="snr_filter,rho_0.3")
+  with pytest.raises(ConfigError, match="study.collapse_arms='fluent_bonus ' is not one of 'lr', 'templates'"):
+    StudyConfig(collapse_arms="lr,fluent_bonus ")
+  with pytest.raises(ConfigError, match="^study.only='templates_no_filter' is not one of 'fluent_bonus_no_filter', "
+                                        "'fluent_bonus_snr_filter'$"):  # a setting of an arm not chosen
+    StudyConfig(names="collapse", only="templates_no_filter")
+  chosen = StudyConfig(names="collapse", collapse_arms="templates", only="templates_no_filter")
+  assert [run.setting for run in study_runs(chosen, "collapse")] == ["templates_no_filter"] * chosen.collapse_seeds
 
 
 def test_two_iteration_study_writes_every_file_and_resumes(tmp_path, monkeypatch, capsys):
@@ -133,7 +145,7 @@ def test_two_iteration_study_writes_every_file_and_resumes(tmp_path, monkeypatch
   ran, made = [], []
   monkeypatch.setattr(runner, "warm_start", fake_warm_start)
   monkeypatch.setattr(runner, "reinforce_run", fake_run)
-  config.study.update(names="filter,correlation,collapse", only="")
+  config.study.update(names="filter,correlation,collapse", only="", collapse_arms=",".join(studies.COLLAPSE_ARMS))
   capsys.readouterr()
   results = runner.run_study(config)
   assert ran[0] == "filter/frozenlake-no_filter-s0" and "filter/frozenlake-snr_filter-s0" not in ran
