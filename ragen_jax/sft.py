@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from ragen_jax import mesh as mesh_lib
 from ragen_jax.models.config import ModelConfig
 from ragen_jax.scoring import masked_mean, token_logp_and_entropy
 
@@ -77,6 +78,9 @@ def fit(config: ModelConfig, params, stages, *, batch_size: int, schedule: optax
   from tqdm.auto import tqdm
   tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule))
   opt_state = tx.init(params)
+  mesh = getattr(jax.tree.leaves(params)[0].sharding, "mesh", None)
+  if mesh is not None:  # fresh counters onto the params' mesh, where the step returns them: the step compiles once
+    opt_state = mesh_lib.put_replicated_if_elsewhere(opt_state, mesh)
   step_fn = make_sft_step(config, tx)
   rng = np.random.default_rng(seed)
   loss, step = jnp.nan, 0

@@ -50,6 +50,25 @@ def test_fit_runs_one_optimizer_through_the_stages(tokenizer):
   assert not all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(both), jax.tree.leaves(params)))
 
 
+
+def test_a_stage_traces_and_compiles_its_step_once(tokenizer):
+  """The fresh optimizer state starts where the step returns it (the params' mesh): step 2 runs step 1's program."""
+  config = scratch_config(tokenizer, hidden_size=32, num_layers=1)
+  ids = tokenizer.encode("<think>Up</think><answer>Up</answer>")
+  traces = []
+
+  def count_step_traces(event, duration, fun_name=None, **kwargs):
+    if event == "/jax/core/compile/jaxpr_trace_duration" and fun_name == "step":
+      traces.append(duration)
+
+  jax.monitoring.register_event_duration_secs_listener(count_step_traces)
+  try:
+    fit(config, init_params(config, jax.random.key(0)), [([(ids, [True] * len(ids))] * 2, 32, 3)], batch_size=2,
+        schedule=optax.constant_schedule(1e-3))
+  finally:
+    jax.monitoring.unregister_event_duration_listener(count_step_traces)
+  assert len(traces) == 1
+
 def test_length_buckets_pad_each_batch_to_one_class(tokenizer, monkeypatch):
   examples = [([5] * n, [True] * n) for n in (10, 20, 64, 65, 100, 128)]
   _, valid, _ = pack_examples(examples, 128)

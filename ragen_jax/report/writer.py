@@ -14,9 +14,6 @@ import math
 import secrets
 from collections.abc import Mapping
 
-from tensorboardX import record_writer
-from tensorboardX.summary import hparams
-
 from ragen_jax import paths
 from ragen_jax.report.transcripts import transcript_text
 
@@ -72,7 +69,14 @@ class _WholeFileEventsFactory:
     pass
 
 
-record_writer.register_writer_factory("gs", _WholeFileEventsFactory())
+def _tensorboard_writer(logdir: str, start_step: int):
+  """tensorboardX's SummaryWriter for `logdir`, with `gs://` going through `_WholeFileEvents`. tensorboardX is
+  imported here, when TensorBoard logging is on: importing it imports torch where torch is installed (seconds)."""
+  from tensorboardX import SummaryWriter, record_writer
+  record_writer.register_writer_factory("gs", _WholeFileEventsFactory())
+  # files are named by the second: one per start step keeps a writer restarted within it from truncating the
+  # previous one's file, and sorts them in the order TensorBoard must read them
+  return SummaryWriter(logdir, purge_step=start_step + 1, filename_suffix=f".{start_step:08d}")
 
 
 class MetricWriter:
@@ -98,14 +102,11 @@ class MetricWriter:
     for jsonl in (self._metrics_path, self._transcripts_path):
       _drop_rows_after(jsonl, start_step)
     if tensorboard:
-      from tensorboardX import SummaryWriter
-      # files are named by the second: one per start step keeps a writer restarted within it from truncating the
-      # previous one's file, and sorts them in the order TensorBoard must read them
-      self._tb = SummaryWriter(paths.join(workdir, "tensorboard"), purge_step=start_step + 1,
-                               filename_suffix=f".{start_step:08d}")
+      self._tb = _tensorboard_writer(paths.join(workdir, "tensorboard"), start_step)
     if config is not None:
       dump_json(config, paths.join(workdir, CONFIG_FILE))
       if self._tb is not None:
+        from tensorboardX.summary import hparams
         experiment, session, _ = hparams(_flat(config), dict.fromkeys(HPARAMS_METRICS, 0.0))
         for summary in (experiment, session):
           self._tb.file_writer.add_summary(summary)
