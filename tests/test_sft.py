@@ -50,7 +50,6 @@ def test_fit_runs_one_optimizer_through_the_stages(tokenizer):
   assert not all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(both), jax.tree.leaves(params)))
 
 
-
 def test_a_stage_traces_and_compiles_its_step_once(tokenizer):
   """The fresh optimizer state starts where the step returns it (the params' mesh): step 2 runs step 1's program."""
   config = scratch_config(tokenizer, hidden_size=32, num_layers=1)
@@ -68,6 +67,7 @@ def test_a_stage_traces_and_compiles_its_step_once(tokenizer):
   finally:
     jax.monitoring.unregister_event_duration_listener(count_step_traces)
   assert len(traces) == 1
+
 
 def test_length_buckets_pad_each_batch_to_one_class(tokenizer, monkeypatch):
   examples = [([5] * n, [True] * n) for n in (10, 20, 64, 65, 100, 128)]
