@@ -12,11 +12,16 @@
   the next save, a restore, `wait` and `close` wait for it. A save is written to a temporary directory renamed
   into place when complete, so a process killed mid-save leaves the previous checkpoint the newest (a later run's
   first save deletes the leftovers).
+* Saves start one at a time across the process (`_SAVE_STARTS`), so runs in several threads (the demo's environments)
+  can checkpoint side by side: Orbax keeps the id of the save being started, and the signals its background commit
+  waits for, in process-wide state, and two saves started at once from two threads mix them up (a save fails or
+  waits forever).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import jax
@@ -26,6 +31,8 @@ from jax.experimental import multihost_utils
 from ragen_jax import paths
 from ragen_jax.config import UserError
 from ragen_jax.finite import first_nonfinite
+
+_SAVE_STARTS = threading.Lock()
 
 
 class RestoreError(UserError):
@@ -55,8 +62,9 @@ class Checkpointer:
     if bad is not None:
       logging.error("not saving iteration %d: the train state has a NaN or inf in %s", iteration, bad)
       return False
-    self._manager.save(iteration, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                           host=ocp.args.JsonSave(host_state)), force=force)
+    with _SAVE_STARTS:
+      self._manager.save(iteration, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                             host=ocp.args.JsonSave(host_state)), force=force)
     return True
 
   def wait(self) -> None:

@@ -3,6 +3,7 @@ finite checkpoint, a broken newest checkpoint is set aside so the next saves hap
 (async) save leaves the previous checkpoint the newest."""
 
 import asyncio
+import concurrent.futures
 import os
 import subprocess
 import sys
@@ -28,6 +29,26 @@ def test_non_finite_states_are_never_saved_and_rotation_keeps_the_newest_finite(
     assert not checkpointer.maybe_save(iteration, NAN_STATE, {"iteration": iteration}, force=True)
   assert checkpointer.steps() == [1, 2]
   checkpointer.close()
+
+
+def test_runs_in_two_threads_checkpoint_side_by_side(tmp_path):
+  """Two checkpointers saving from two threads at once (as the demo's environments do); started unserialised,
+  Orbax's process-wide save ids mix and a save fails within the first few."""
+  def run(name):
+    checkpointer = Checkpointer(str(tmp_path / name), every=1, max_to_keep=2)
+    state = {"w": jnp.arange(1000.0) + len(name), "count": jnp.zeros((), jnp.int32)}
+    for iteration in range(1, 11):
+      checkpointer.maybe_save(iteration, state, {"iteration": iteration})
+    restored = checkpointer.restore_latest(abstract_like(state))
+    checkpointer.close()
+    return restored[0], restored[2], np.asarray(restored[1]["w"])
+
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    futures = {name: pool.submit(run, name) for name in ("a", "bb")}
+  for name, future in futures.items():
+    step, host, w = future.result()
+    assert (step, host) == (10, {"iteration": 10})
+    np.testing.assert_array_equal(w, np.arange(1000.0) + len(name))
 
 
 def test_a_non_finite_checkpoint_on_disk_counts_as_broken_and_is_set_aside(tmp_path):

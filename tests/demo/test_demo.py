@@ -1,5 +1,6 @@
 """The demo: solver demonstrations are valid, and a shortened demo writes every report file."""
 
+import concurrent.futures
 import json
 import os
 
@@ -12,7 +13,7 @@ from PIL import Image
 
 import envs
 from ragen_jax.config import load_config_file
-from ragen_jax.demo.__main__ import run
+from ragen_jax.demo.__main__ import rl_result, run
 from ragen_jax.demo.stages import paired_gain
 from ragen_jax.demo.demonstrations import (TEMPLATE_STYLES, direction_text, format_rows, plan_and_reason, reading_rates,
                                            reply_checks, solver_policy)
@@ -235,6 +236,20 @@ def test_shortened_demo_writes_every_report_file(tmp_path):
     assert set(saved["reading"][stage]) == {"positions_read", "answer_follows_reasoning"}
     assert all(0.0 <= v <= 1.0 for v in saved["reading"][stage].values())
   assert "positions read (SFT → RL)" in report
+  # two RL runs side by side, as the demo runs its environments, compute what the run alone did
+  twins = [shortened("demo", tmp_path / f"twin{i}") for i in range(2)]
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    futures = [pool.submit(rl_result, twin, "frozenlake", str(tmp_path / "sft_model"), 0.0) for twin in twins]
+
+  def logged(workdir):  # every iteration's metrics but their timings
+    rows = map(json.loads, (workdir / "frozenlake/metrics.jsonl").read_text().splitlines())
+    return [{k: v for k, v in row.items() if not k.startswith("time/")} for row in rows]
+
+  alone = logged(tmp_path)
+  assert len(alone) == 2 and alone[0]["collapse/computed"] == 1.0 and len(alone[0]) > 40
+  for i, future in enumerate(futures):
+    assert future.result()["final_val_success"] == results["frozenlake"]["final_val_success"]
+    assert logged(tmp_path / f"twin{i}") == alone
 
 
 @pytest.mark.parametrize("setting,value,error", [("sft_warmup_steps", 10, "do not fit in 6 steps"),
