@@ -26,6 +26,8 @@ import ml_collections
 from absl import app, flags
 from ml_collections import config_flags
 
+from ragen_jax import host_memory
+
 CONFIG_HELP = "Path to a config file with get_config()."
 CONFIG = config_flags.DEFINE_config_file("config", None, CONFIG_HELP)
 
@@ -207,7 +209,9 @@ def parse_config(argv: list[str]) -> ml_collections.ConfigDict:
 
 
 def run(main: Callable[[ml_collections.ConfigDict], None], default_config: str | None = None) -> None:
-  """absl `app.run` for an entry point whose `main` takes the parsed config."""
+  """absl `app.run` for an entry point whose `main` takes the parsed config; on the CPU, with glibc set to reuse
+  freed memory first (`host_memory.reuse_freed_memory`)."""
+  host_memory.reuse_freed_memory()
   if default_config and not any(a.startswith(("--config=", "-config=")) or a in ("--config", "-config")
                                 for a in sys.argv[1:]):
     sys.argv.insert(1, f"--config={default_config}")

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import envs
+from ragen_jax import host_memory
 from ragen_jax import mesh as mesh_lib
 from ragen_jax.models import Model, init_params
 from ragen_jax.models.gguf_convert import bundled_model_dir
@@ -25,6 +26,8 @@ from ragen_jax.models.tokenizer import train_tokenizer
 from ragen_jax.rollout import prompt
 from ragen_jax.rollout.episodes import RolloutConfig, build_assets, render_batch, reset_batch, unbatch
 from ragen_jax.sft import fit, lr_schedule
+
+host_memory.reuse_freed_memory()  # as the entry points do, before JAX starts its CPU client
 
 
 @pytest.fixture(scope="module", autouse=True)
