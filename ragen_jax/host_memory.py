@@ -5,7 +5,7 @@ demo's model at 448 tokens x 8), from one of its worker threads. glibc serves a 
 arena with a fresh `mmap` and unmaps it when freed, so every call page-faults all of it again: a quarter of the
 cycles of the demo's SFT steps went to the kernel. With one arena, no `mmap` and no trimming, freed blocks are
 reused: the same steps ran 23% faster (400 -> 310 ms a step, 86,000 -> 0 page faults; bit-identical losses), and
-`make demo` took 11.2 min instead of 12.8 (the same numbers). The cost: the process keeps its peak memory (1.3 ->
+`make demo` took 11.5 min instead of 12.8 (the same numbers). The cost: the process keeps its peak memory (1.3 ->
 3.2 GB for those steps) rather than returning it to the system. The reuse is not complete: a call that finds
 no free block large enough (the last one not freed yet, or nibbled by a small allocation) grows the heap by a new
 block, more often under load; over a long run the heap stops growing.
