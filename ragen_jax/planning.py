@@ -32,7 +32,6 @@ from jax._src import xla_bridge  # backends_are_initialized: no public API tells
 from jax.sharding import NamedSharding
 
 from ragen_jax import assembly, paths
-from ragen_jax import mesh as mesh_lib
 from ragen_jax.config import ConfigError, check, check_one_of, did_you_mean
 from ragen_jax.diagnostics.collapse import init_diagnostics_state
 from ragen_jax.models import CheckpointError, Model, lora
@@ -275,16 +274,19 @@ def compile_iteration(model_config: ModelConfig, settings: Settings, mesh, sourc
     ref_dtype = DTYPES[settings.model.reference_dtype]
     ref = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, ref_dtype, sharding=a.sharding),
                        policy if base is None else base)
-  empty = jax.eval_shape(lambda: TrajectoryWriter.empty(batch_size, source.seq_len, settings.rollout.max_turns)
-                         .finish(jnp.zeros(batch_size, bool), jnp.zeros(batch_size, jnp.int32)))
-  batch = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=input_sharding(mesh, a.shape)),
-                       empty)
   compiled = {}
   with jax.set_mesh(mesh):
     state = _outputs(init.lower(trained, critic).compile())
     # the sampler decodes with LoRA adapters merged: weights of the base's shapes and shardings, a copy
     compiled |= compile_rollout(lora.without(model_config), source, state.policy if base is None else base,
                                 batch_size, mesh)
+    if "rollout" in compiled:  # the update's batch is the device rollout's output, in the layout it leaves in
+      batch = _outputs(compiled["rollout"])
+    else:  # a host rollout's, placed by `models.put_batch`
+      empty = jax.eval_shape(lambda: TrajectoryWriter.empty(batch_size, source.seq_len, settings.rollout.max_turns)
+                             .finish(jnp.zeros(batch_size, bool), jnp.zeros(batch_size, jnp.int32)))
+      batch = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=input_sharding(mesh, a.shape)),
+                           empty)
     compiled["score"] = update_lib.score.lower(model_config, update, state, ref, batch, base).compile()
     scores = _outputs(compiled["score"])
     compiled["diagnose"] = update_lib.diagnose.lower(model_config, update, state, batch, scores, base).compile()
@@ -297,10 +299,10 @@ def compile_rollout(model_config: ModelConfig, source, policy, batch_size: int, 
   sampler at its longest history (`rollout.max_episode_len`)."""
   rollout = source.config
   put = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=input_sharding(mesh, a.shape))  # noqa: E731
-  key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=mesh_lib.replicated(mesh))
-  group_ids = put(jax.ShapeDtypeStruct((batch_size,), jnp.int32))
+  key = jax.ShapeDtypeStruct((2,), jnp.uint32)  # the trainer makes its keys on the host: uncommitted
+  group_ids = put(jax.ShapeDtypeStruct((batch_size,), jnp.int32))  # and the seeds: as `DeviceSource.run` puts them
   if isinstance(source, DeviceSource):
-    env_state = jax.tree.map(put, jax.eval_shape(reset_batch, source.env, source.env_params, group_ids))
+    env_state = _outputs(reset_batch.lower(source.env, source.env_params, group_ids).compile())
     return {"rollout": play_episodes.lower(model_config, policy, source.env, source.env_params, source.assets, rollout,
                                            env_state, group_ids, key).compile()}
   tokens = put(jax.ShapeDtypeStruct((batch_size, source.seq_len), jnp.int32))

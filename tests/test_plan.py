@@ -1,6 +1,7 @@
 """The plan command (`ragen_jax.planning`, `ragen_jax.plan`): its memory plan against a real run on CPU, its analytic
 FLOPs against XLA's count of an unrolled case, the verdict, and its one-line errors."""
 
+import collections
 import dataclasses
 import gc
 import json
@@ -56,7 +57,11 @@ def test_planned_peak_within_2x_of_a_run(replying_model_dir, lora_rank, own_refe
   with the phase's outputs within 2% of the live buffers at its end (measured 2026-12-05: within 0.1% once the
   environment's token tables counted).
   With LoRA the state holds the adapters over the loaded, frozen base; with a reference checkpoint of its own
-  (`model.reference_path`, in float32 like the policy) the trainer holds a second copy of the weights."""
+  (`model.reference_path`, in float32 like the policy) the trainer holds a second copy of the weights.
+  The plan compiles the rollout as the trainer calls it: without LoRA the trainer's reset and rollout are the
+  plan's programs, loaded from the persistent compilation cache (`plan` clears the in-memory caches). Under LoRA
+  the trainer decodes with a merged copy of the weights (`Trainer.rollout_params`) whose shardings JAX may spell
+  otherwise than the loaded weights' (same devices, another text of the program), so it may compile its own."""
   config = _tiny_config(replying_model_dir)
   config.model.lora.rank = lora_rank
   if own_reference:
@@ -85,7 +90,15 @@ def test_planned_peak_within_2x_of_a_run(replying_model_dir, lora_rank, own_refe
   base = trainer.base
   sampled = trainer.rollout_params()  # under LoRA the merged copy the trainer makes before the rollout
   live = _live_bytes(device) - baseline
-  traj = phase("rollout", lambda: trainer.exp.source.run(sampled, seeds, group_ids, jax.random.PRNGKey(0)))
+  cache_events = collections.Counter()
+  count_cache_events = lambda event, **kwargs: cache_events.update([event])  # noqa: E731
+  jax.monitoring.register_event_listener(count_cache_events)
+  try:
+    traj = phase("rollout", lambda: trainer.exp.source.run(sampled, seeds, group_ids, jax.random.PRNGKey(0)))
+  finally:
+    jax.monitoring.unregister_event_listener(count_cache_events)
+  requests = cache_events["/jax/compilation_cache/compile_requests_use_cache"]
+  assert requests >= 2 and (lora_rank or cache_events["/jax/compilation_cache/cache_hits"] == requests), cache_events
   sampled = None  # freed after the rollout, as in the trainer
   live = _live_bytes(device) - baseline
   with jax.set_mesh(trainer.exp.mesh):
