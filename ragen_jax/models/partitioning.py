@@ -35,6 +35,8 @@ LOGICAL_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("act_kv_heads", "tensor"),
     ("cache_layers", None),
     ("cache_length", None),
+    ("lookup_batch", "data"),  # the embedding lookup's rows (`Transformer._embed`)
+    ("lookup_embed", "fsdp"),
 )
 
 

@@ -348,8 +348,7 @@ class Transformer(nn.Module):
       positions_BT = past[:, None] + jnp.cumsum(valid_BT, -1, dtype=jnp.int32) - 1
     segment_BT = jnp.zeros((b, t), jnp.int32) if segment_BT is None else segment_BT.astype(jnp.int32)
     visible_from_BT = jnp.zeros((b, t), jnp.int32) if visible_from_BT is None else visible_from_BT
-    x = self.embed_tokens(tokens_BT)
-    x = constrain(x, ("batch", "length", "act_embed"))
+    x = constrain(self._embed(tokens_BT), ("batch", "length", "act_embed"))
 
     if cache is None:
       slots = jnp.arange(t)
@@ -366,6 +365,21 @@ class Transformer(nn.Module):
             & _in_window(key_segment, visible_from_BT))
     x, (k, v) = self._run_layers((x, (cache.k, cache.v)), layer_params, positions_BT, mask, write)
     return self.norm(x), KVCache(k=k, v=v, valid=key_valid, segment=key_segment, end=write + t)
+
+  def _embed(self, tokens_BT):
+    """The tokens' rows of the embedding table, looked up where the table's shards lie, then given the batch layout.
+
+    The table is split `vocab` over `tensor` and `embed` over `fsdp`, the batch over `data` x `fsdp`. Left to itself
+    (with data, fsdp and tensor all above 1) XLA's partitioner looks the whole batch up on every device and cannot
+    move the `embed`-split rows to the batch layout without replicating the [B, T, D] activations first
+    ("Involuntary full rematerialization"). Here each device looks its `data` share of the tokens up in the table
+    shard it holds (its `vocab` rows, summed over `tensor`; its `embed` columns), and one all-to-all over `fsdp`
+    trades the `embed` split for the batch's. The tokens are put in the batch layout first, so that a scan over
+    micro-batches hands them over in it.
+    """
+    table_VD = self.embed_tokens.embedding.astype(self.config.compute_dtype)
+    rows_BTD = jnp.take(table_VD, constrain(tokens_BT, ("batch", "length")), axis=0)
+    return constrain(constrain(rows_BTD, ("lookup_batch", "length", "lookup_embed")), ("batch", "length", "act_embed"))
 
   def _run_layers(self, carry, layer_params, positions_BT, mask_BTS, write_index):
     if layer_params is None:

@@ -11,6 +11,7 @@ import transformers
 
 from ragen_jax import mesh as mesh_lib
 from ragen_jax.models import CheckpointError, ModelConfig, load_pretrained
+from ragen_jax.models.model import forward_logits, put_batch
 from tests.models.hf_fixtures import VARIANTS, make_hf_model, save_hf_model
 
 
@@ -59,6 +60,38 @@ def test_sharded_logits_equal_single_device(variant, tmp_path):
   tokens = _tokens(single.config.vocab_size, batch=8)
   np.testing.assert_allclose(np.asarray(sharded.logits(tokens)), np.asarray(single.logits(tokens)),
                              atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("variant", ["llama_tied_mha", "qwen3_untied"])
+def test_a_three_axis_mesh_partitions_the_forward_and_backward_without_replicating(variant, tmp_path, capfd):
+  """On data x fsdp x tensor = 2x2x2 the logits and their gradient equal one device's, and XLA partitions them,
+  alone and over micro-batches, without replicating a tensor on every device first (it once did so with the
+  embedding lookup's [B, T, D] output, logging "Involuntary full rematerialization")."""
+  save_hf_model(variant, tmp_path)
+  single = load_pretrained(tmp_path)
+  mesh = mesh_lib.make_mesh(data=2, fsdp=2, tensor=2)
+  sharded = load_pretrained(tmp_path, mesh=mesh)
+  tokens = _tokens(single.config.vocab_size, batch=8)
+  logits = jax.jit(lambda params, tokens_BT: forward_logits(single.config, params, tokens_BT))
+  grad = jax.jit(jax.grad(lambda params, tokens_BT: logits(params, tokens_BT).max(-1).mean()))
+  by_micro_batch = jax.jit(lambda params, tokens_BT: jax.lax.map(  # as scoring and the update scan micro-batches
+      lambda micro_bT: logits(params, micro_bT), tokens_BT.reshape(4, 2, -1)))
+  capfd.readouterr()
+  cache_enabled = jax.config.jax_enable_compilation_cache
+  jax.config.update("jax_enable_compilation_cache", False)  # XLA logs while it compiles, not on a cache hit
+  try:
+    with jax.set_mesh(mesh):
+      tokens_on_mesh = put_batch(mesh, tokens)
+      for program in (logits, grad, by_micro_batch):
+        program.lower(sharded.params, tokens_on_mesh).compile()
+  finally:
+    jax.config.update("jax_enable_compilation_cache", cache_enabled)
+  assert "rematerialization" not in capfd.readouterr().err
+  with jax.set_mesh(mesh):
+    sharded_logits, grads = sharded.logits(tokens), grad(sharded.params, tokens_on_mesh)
+  np.testing.assert_allclose(np.asarray(sharded_logits), np.asarray(single.logits(tokens)), atol=1e-5, rtol=1e-5)
+  for ours, ref in zip(jax.tree.leaves(grads), jax.tree.leaves(grad(single.params, tokens))):
+    np.testing.assert_allclose(np.asarray(ours), np.asarray(ref), atol=1e-6, rtol=1e-4)
 
 
 @pytest.mark.parametrize("variant", ["qwen2_bias", "qwen3_untied"])
