@@ -348,7 +348,7 @@ class Transformer(nn.Module):
       positions_BT = past[:, None] + jnp.cumsum(valid_BT, -1, dtype=jnp.int32) - 1
     segment_BT = jnp.zeros((b, t), jnp.int32) if segment_BT is None else segment_BT.astype(jnp.int32)
     visible_from_BT = jnp.zeros((b, t), jnp.int32) if visible_from_BT is None else visible_from_BT
-    x = constrain(self._embed(tokens_BT), ("batch", "length", "act_embed"))
+    x = self._embed(tokens_BT)
 
     if cache is None:
       slots = jnp.arange(t)
