@@ -19,6 +19,7 @@ from safetensors.numpy import load_file, save_file
 from ragen_jax import config as config_lib
 from ragen_jax.assembly import check_model_and_env
 from ragen_jax.models.scratch import save_scratch_model
+from tests.conftest import FAST_COMPILE_FLAGS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -197,7 +198,8 @@ def test_a_run_whose_updates_all_blow_up_halts_with_one_line(small_model_dir, tm
   result = _train(f"--config.model.path={small_model_dir}", f"--config.workdir={tmp_path}",
                   "--config.train.actor_lr=1e30", "--config.train.critic_lr=1e30",
                   "--config.train.max_rejected_updates=1", "--config.train.val_every=0",
-                  "--config.filter.enabled=False", XLA_FLAGS="")  # keep the groups whose episodes all score alike
+                  "--config.filter.enabled=False",  # keep the groups whose episodes all score alike
+                  XLA_FLAGS=FAST_COMPILE_FLAGS)
   _assert_one_line_error(result.returncode, result.stdout + result.stderr,
                          "1 optimizer steps in a row had a non-finite loss or gradient norm and were not applied "
                          "(train.max_rejected_updates=1); the weights are those of the last finite step, no "
@@ -211,7 +213,7 @@ def test_tiny_test_runs_with_nothing_prepared_and_takes_env_params(tmp_path):
   # configs/tiny_test.py as a newcomer runs it (one CPU device): the built-in scratch:tiny model; Sokoban resized
   # from the command line; one iteration (the last one validates)
   result = _train(f"--config.workdir={tmp_path}", "--config.env.params.dim_room=5,5",
-                  "--config.env.params.num_boxes=2", "--config.train.iterations=1", XLA_FLAGS="",
+                  "--config.env.params.num_boxes=2", "--config.train.iterations=1", XLA_FLAGS=FAST_COMPILE_FLAGS,
                   RAGEN_JAX_CACHE=str(tmp_path / "cache"))  # the bundled tokenizer written fresh, as on a new machine
   assert result.returncode == 0, result.stderr[-3000:]
   assert "model: scratch:tiny, a random model (2 layers, hidden 64) with the bundled SmolLM2 tokenizer" in result.stderr

@@ -23,6 +23,7 @@ from ragen_jax.config import ConfigError
 from ragen_jax.distributed import cluster_settings
 from ragen_jax.report.writer import read_metrics
 from ragen_jax.trainer import Trainer, train
+from tests.conftest import FAST_COMPILE_FLAGS
 from tests.test_train import ROOT, _config
 
 WORKER_TIMEOUT_S = 480
@@ -73,7 +74,8 @@ def _start_two_processes(model_dir, workdir, overrides, job="resume") -> list[tu
   with socket.socket() as s:
     s.bind(("localhost", 0))
     port = s.getsockname()[1]
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu",
+  env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count=1 {FAST_COMPILE_FLAGS}",
+         "JAX_PLATFORMS": "cpu",
          "RAGEN_COORDINATOR": f"localhost:{port}", "RAGEN_NUM_PROCESSES": "2",
          # test speed only: the resumed run's fresh jits load what the first run compiled
          "JAX_COMPILATION_CACHE_DIR": str(workdir / "xla_cache"), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "1"}
