@@ -3,7 +3,7 @@ import os
 
 # Test speed only: LLVM compiles XLA:CPU's elementwise kernels unoptimized (-O0); most matmuls are library calls
 # either way. The suite's tiny programs take far longer to compile than to run, and -O0 about halves the compile
-# time of a trainer's programs (the suite: 24 instead of 29.5 minutes). XLA's HLO passes, shardings and memory plans
+# time of a trainer's programs (the suite: 24-26 instead of 29.5 minutes). XLA's HLO passes, shardings and memory plans
 # are the same; float results may differ in the last bit (seen at the demo's size; the suite passes either way).
 # Runs and benchmarks keep XLA's default level: at the demo's size -O0 runs its iterations 2-3x slower.
 FAST_COMPILE_FLAGS = "--xla_backend_optimization_level=0"
