@@ -41,7 +41,7 @@ compare: install
 	$(PYTHON) -m ragen_jax.demo.compare
 
 test: install-test
-	$(PYTHON) -m pytest -q -n 2 --maxschedchunk=1 --durations=25 tests  # two workers (much of the suite is single-threaded compilation), handed one test at a time (the heaviest modules go first: tests/conftest.py); the slowest listed
+	$(PYTHON) -m pytest -q -n 2 --durations=25 tests  # two workers: much of the suite is single-threaded compilation; the slowest tests listed
 
 bench: install-test install-tunix
 	$(PYTHON) bench/run_all.py

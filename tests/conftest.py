@@ -35,19 +35,6 @@ from ragen_jax.sft import fit, lr_schedule
 
 host_memory.reuse_freed_memory()  # as the entry points do, before JAX starts its CPU client
 
-# Scheduling only, heaviest first: the modules whose tests run whole training jobs (most of the suite's time). The two
-# xdist workers share them out early and end together on short tests, instead of one waiting while the other runs a
-# two-minute test at the end. Every other module keeps its place after them.
-WHOLE_RUN_MODULES = ("tests/test_train.py", "tests/test_plan.py", "tests/test_errors.py", "tests/test_multihost.py",
-                     "tests/demo/test_compare.py", "tests/rollout/test_context_modes.py", "tests/test_paths.py",
-                     "tests/study/test_study.py", "tests/demo/test_demo.py", "tests/test_evaluate.py")
-
-
-def pytest_collection_modifyitems(items):
-  """Runs WHOLE_RUN_MODULES first, in that order (a stable sort: each module's tests stay together and in order)."""
-  rank = {module: i for i, module in enumerate(WHOLE_RUN_MODULES)}
-  items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
-
 
 @pytest.fixture(scope="module", autouse=True)
 def release_compiled_programs():
