@@ -20,6 +20,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from ragen_jax import mesh as mesh_lib
 from ragen_jax.config import check, check_one_of
 from ragen_jax.diagnostics import cross_scoring as xs
 from ragen_jax.diagnostics.grad_buckets import (BUCKET_MODES, assign_buckets, bucket_episode_masks,
@@ -228,7 +229,8 @@ class GradAnalysis:
   `use_kl_loss`), next to the bucket's `reward_std_min/max` and `num_groups`
   (empty bucket: norms 0, range NaN). Runs when `step % compute_freq == 0`
   (`grad_analysis/computed`); costs about one forward and three backward passes
-  over the batch, done `micro_batch_size` episodes at a time.
+  over the batch, done `micro_batch_size` episodes at a time (or as many more as spread over the mesh's batch
+  shards: `mesh.rows_per_step`).
   """
 
   cfg: CollapseConfig
@@ -242,7 +244,8 @@ class GradAnalysis:
     # Bucket members first, so micro-batches without any are skipped (forward and backward).
     order_B = jnp.argsort(~episode_mask_B, stable=True)
     member_B = episode_mask_B[order_B]
-    micro = lambda x: x.reshape(-1, micro_batch_size, *x.shape[1:])  # noqa: E731
+    rows = mesh_lib.rows_per_step(micro_batch_size, episode_mask_B.shape[0])
+    micro = lambda x: mesh_lib.split_rows(x, rows)  # noqa: E731
     forward = jax.checkpoint(lambda p, *inputs: token_logp_and_entropy(model_config, p, *inputs))
 
     def micro_forward(chunk):

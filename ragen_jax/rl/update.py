@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import PartitionSpec
 
+from ragen_jax import mesh as mesh_lib
 from ragen_jax.config import check
 from ragen_jax.finite import all_finite
 from ragen_jax.models import lora
@@ -117,10 +118,11 @@ def init_train_state(cfg: UpdateConfig, policy, key, critic=None, diagnostics=No
 
 
 def _micro_map(fn, micro: int, *arrays):
-  """Applies fn to consecutive micro-batches of the leading axis and concatenates."""
+  """Applies fn (row by row independent) to consecutive micro-batches of the leading axis, as many of them at a
+  time as spread over the mesh's batch shards (`mesh.rows_per_step`), and concatenates."""
   batch = arrays[0].shape[0]
-  split = [a.reshape(batch // micro, micro, *a.shape[1:]) for a in arrays]
-  out = jax.lax.map(lambda xs: fn(*xs), tuple(split))
+  rows = mesh_lib.rows_per_step(micro, batch)
+  out = jax.lax.map(lambda xs: fn(*xs), tuple(mesh_lib.split_rows(a, rows) for a in arrays))
   return jax.tree.map(lambda y: y.reshape(batch, *y.shape[2:]), out)
 
 

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from ragen_jax.mesh import batch_sharding, make_mesh, replicated, rows_per_step
 from ragen_jax.models import ModelConfig, init_params
 from ragen_jax.rl.losses import aggregate
 from ragen_jax.rl.presets import preset
@@ -61,6 +62,23 @@ def setup():
   entropy_B = np.where(mask, np.asarray(scores["entropy"], np.float64), 0.0).sum(1)  # per-episode sums
   assert len(set(tokens_B)) > 2  # episodes of different lengths
   return params, batch, cfg, scores, adv_B, tokens_B, entropy_B, r_GS.var(1, ddof=1)
+
+
+def test_scoring_steps_spread_over_the_batch_shards_and_score_alike(setup):
+  """Micro-batches of one episode on 8 devices: each step scores 8 of them, one per device (a one-row step would be
+  computed on every device over again); the scores equal those of one device."""
+  params, batch, cfg, scores = setup[:4]
+  assert rows_per_step(1, 16) == 1  # no mesh in context
+  mesh = make_mesh(8, 1, 1)
+  state = jax.device_put(init_train_state(cfg, params, jax.random.key(1)), replicated(mesh))
+  batch = jax.tree.map(lambda x: jax.device_put(x, batch_sharding(mesh, x.ndim)), batch)
+  with jax.set_mesh(mesh):
+    assert (rows_per_step(1, 16), rows_per_step(2, 16), rows_per_step(16, 16)) == (8, 8, 16)
+    assert rows_per_step(3, 18) == 3  # 24 rows do not divide 18: micro-batches of 3
+    sharded = score(CONFIG, cfg, state, None, batch)
+  assert sharded.keys() == scores.keys()
+  for key in scores:
+    np.testing.assert_allclose(np.asarray(sharded[key]), np.asarray(scores[key]), rtol=1e-5, atol=1e-6, err_msg=key)
 
 
 def run_learn(setup, **changes):
